@@ -1,0 +1,27 @@
+# SPDX-License-Identifier: Apache-2.0
+# Debian's packages (scripts/install-deps.sh installs them).
+find_package(Threads REQUIRED)
+find_package(fmt 9 REQUIRED)
+find_package(OpenSSL REQUIRED COMPONENTS Crypto)
+find_package(PkgConfig REQUIRED)
+pkg_check_modules(HWLOC REQUIRED IMPORTED_TARGET hwloc)
+
+# Optional fabrics: found -> compiled in (CHORUS_HAVE_VERBS / CHORUS_HAVE_UCX).
+pkg_check_modules(IBVERBS IMPORTED_TARGET libibverbs)
+pkg_check_modules(RDMACM IMPORTED_TARGET librdmacm)
+pkg_check_modules(UCX IMPORTED_TARGET ucx)
+set(CHORUS_HAVE_VERBS OFF)
+if(IBVERBS_FOUND AND RDMACM_FOUND)
+  set(CHORUS_HAVE_VERBS ON)
+endif()
+set(CHORUS_HAVE_UCX ${UCX_FOUND})
+message(STATUS "chorus: verbs=${CHORUS_HAVE_VERBS} ucx=${CHORUS_HAVE_UCX}")
+
+if(CHORUS_BUILD_TESTS)
+  find_package(Catch2 2 REQUIRED)
+  include(Catch)
+endif()
+if(CHORUS_BUILD_BENCH)
+  find_package(benchmark REQUIRED)
+endif()
+find_package(MPI COMPONENTS C QUIET)

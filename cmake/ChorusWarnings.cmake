@@ -1,0 +1,9 @@
+# SPDX-License-Identifier: Apache-2.0
+# Warning flags for Chorus's own targets (not for third-party code).
+add_library(chorus_warnings INTERFACE)
+target_compile_options(chorus_warnings INTERFACE
+  $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra -Wshadow=local -Wnon-virtual-dtor -Wno-missing-field-initializers>
+  $<$<COMPILE_LANGUAGE:C>:-Wall -Wextra>)
+if(CHORUS_WERROR)
+  target_compile_options(chorus_warnings INTERFACE -Werror)
+endif()

@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
+# Installs the Debian 12 packages Chorus needs. Idempotent: packages already present are not
+# touched and apt is not called at all when nothing is missing.
+#
+#   scripts/install-deps.sh            build + test dependencies
+#   scripts/install-deps.sh --bench    also the peers measured by bench/ (Open MPI, PyTorch/Gloo, plots)
+set -euo pipefail
+
+build_pkgs=(build-essential cmake pkg-config git libfmt-dev libhwloc-dev hwloc-nox catch2
+            libbenchmark-dev libssl-dev libibverbs-dev librdmacm-dev rdma-core ibverbs-utils
+            libucx-dev ucx-utils openmpi-bin libopenmpi-dev clang libclang-rt-14-dev binutils
+            iproute2 procps)
+bench_pkgs=(python3-torch python3-numpy gnuplot-nox)
+
+want=("${build_pkgs[@]}")
+for arg in "$@"; do
+  case "$arg" in
+    --bench) want+=("${bench_pkgs[@]}") ;;
+    *) echo "install-deps.sh: unknown argument '$arg'" >&2; exit 2 ;;
+  esac
+done
+
+missing=()
+for p in "${want[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed'; then
+    missing+=("$p")
+  fi
+done
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "install-deps.sh: all ${#want[@]} packages present"
+  exit 0
+fi
+echo "install-deps.sh: installing ${missing[*]}"
+SUDO=""
+[ "$(id -u)" -eq 0 ] || SUDO="sudo"
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -q
+$SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"

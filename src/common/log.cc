@@ -1,0 +1,141 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "common/log.h"
+
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <mutex>
+#include <string>
+
+#include "common/params.h"
+
+namespace chorus::log {
+
+State g_state;
+
+namespace {
+
+std::mutex g_mutex;  // guards g_file and the one-time setup below
+FILE* g_file = nullptr;
+std::string g_hostname;
+thread_local int t_rank = -1;
+thread_local long t_tid = 0;
+
+struct SubsysName {
+  Subsys bit;
+  const char* name;
+};
+constexpr SubsysName kSubsysNames[] = {
+    {kInit, "INIT"}, {kColl, "COLL"},          {kP2P, "P2P"},   {kShm, "SHM"},
+    {kNet, "NET"},   {kBootstrap, "BOOTSTRAP"}, {kEnv, "ENV"},   {kAlloc, "ALLOC"},
+    {kRoute, "ROUTE"}, {kSched, "SCHED"},      {kMoe, "MOE"},   {kProxy, "PROXY"},
+};
+
+int parse_level(const std::string& s) {
+  if (s == "NONE") return static_cast<int>(Level::kNone);
+  if (s == "VERSION") return static_cast<int>(Level::kVersion);
+  if (s == "INFO") return static_cast<int>(Level::kInfo);
+  if (s == "TRACE") return static_cast<int>(Level::kTrace);
+  return static_cast<int>(Level::kWarn);
+}
+
+uint32_t parse_mask(std::string spec) {
+  bool invert = !spec.empty() && spec[0] == '^';
+  if (invert) spec.erase(0, 1);
+  uint32_t mask = 0;
+  size_t pos = 0;
+  while (pos <= spec.size()) {
+    size_t comma = spec.find(',', pos);
+    std::string token = spec.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
+    for (auto& c : token) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+    if (token == "ALL") mask = kAll;
+    for (const auto& s : kSubsysNames)
+      if (token == s.name) mask |= s.bit;
+    if (comma == std::string::npos) break;
+    pos = comma + 1;
+  }
+  return invert ? ~mask : mask;
+}
+
+std::string expand_path(const std::string& pattern) {
+  std::string out;
+  for (size_t i = 0; i < pattern.size(); ++i) {
+    if (pattern[i] == '%' && i + 1 < pattern.size()) {
+      char c = pattern[++i];
+      if (c == 'h') out += g_hostname;
+      else if (c == 'p') out += std::to_string(getpid());
+      else out += c;
+    } else {
+      out += pattern[i];
+    }
+  }
+  return out;
+}
+
+void init_locked() {
+  char host[256] = {};
+  gethostname(host, sizeof(host) - 1);
+  g_hostname = host;
+  if (auto dot = g_hostname.find('.'); dot != std::string::npos) g_hostname.resize(dot);
+  if (g_file != nullptr && g_file != stderr) std::fclose(g_file);
+  g_file = stderr;
+  const std::string& path = params::kDebugFile.get();
+  if (!path.empty()) {
+    std::string expanded = expand_path(path);
+    if (FILE* f = std::fopen(expanded.c_str(), "a")) {
+      std::setvbuf(f, nullptr, _IOLBF, 0);
+      g_file = f;
+    } else {
+      std::fprintf(stderr, "chorus: cannot open CHORUS_DEBUG_FILE %s: %s\n", expanded.c_str(),
+                   std::strerror(errno));
+    }
+  }
+  g_state.mask.store(parse_mask(params::kDebugSubsys.get()), std::memory_order_relaxed);
+  g_state.level.store(parse_level(params::kDebug.get()), std::memory_order_release);
+}
+
+}  // namespace
+
+void init() {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  if (g_state.level.load(std::memory_order_relaxed) >= 0) return;
+  init_locked();
+}
+
+void reset() {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  init_locked();
+}
+
+std::string_view subsys_name(Subsys subsys) {
+  for (const auto& s : kSubsysNames)
+    if (s.bit == subsys) return s.name;
+  return "ALL";
+}
+
+void set_thread_rank(int rank) { t_rank = rank; }
+int thread_rank() { return t_rank; }
+
+void write(Level level, Subsys subsys, std::string_view message) {
+  static constexpr const char* kLevelNames[] = {"NONE", "VERSION", "WARN", "INFO", "TRACE"};
+  if (t_tid == 0) t_tid = static_cast<long>(syscall(SYS_gettid));
+  std::string line = fmt::format("{}:{}:{} [{}] CHORUS {} {} {}\n", g_hostname, getpid(), t_tid,
+                                 t_rank, kLevelNames[static_cast<int>(level)],
+                                 subsys_name(subsys), message);
+  std::lock_guard<std::mutex> lock(g_mutex);
+  std::fwrite(line.data(), 1, line.size(), g_file ? g_file : stderr);
+}
+
+bool rate_limit_pass(std::atomic<int64_t>& last_ms, int64_t interval_ms) {
+  int64_t now = std::chrono::duration_cast<std::chrono::milliseconds>(
+                    std::chrono::steady_clock::now().time_since_epoch())
+                    .count();
+  int64_t prev = last_ms.load(std::memory_order_relaxed);
+  if (prev != 0 && now - prev < interval_ms) return false;
+  return last_ms.compare_exchange_strong(prev, now, std::memory_order_relaxed);
+}
+
+}  // namespace chorus::log

@@ -1,0 +1,254 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "common/params.h"
+
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cctype>
+#include <cerrno>
+#include <climits>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <mutex>
+#include <optional>
+
+namespace chorus::params {
+
+// ---- The parameters -------------------------------------------------------------------------
+// Keep this list and all() below in the same order: it is what chorus-info prints.
+
+StringParam kDebug("DEBUG", "DEBUG", "WARN", "NONE,VERSION,WARN,INFO,TRACE",
+                   "log level (TRACE needs a build with CHORUS_ENABLE_TRACE)");
+StringParam kDebugSubsys("DEBUG_SUBSYS", "DEBUG_SUBSYS", "ALL", nullptr,
+                         "subsystems logged at INFO/TRACE: INIT,COLL,P2P,SHM,NET,BOOTSTRAP,ENV,"
+                         "ALLOC,ROUTE,SCHED,MOE,PROXY,ALL; a leading ^ excludes");
+StringParam kDebugFile("DEBUG_FILE", "DEBUG_FILE", "", nullptr,
+                       "log to this file instead of stderr (%h = hostname, %p = pid)");
+
+StringParam kSocketIfname("SOCKET_IFNAME", "SOCKET_IFNAME", "", nullptr,
+                          "interfaces for bootstrap and TCP: comma-separated prefixes, ^ to "
+                          "exclude, = for exact names; empty = first non-loopback interface up");
+StringParam kSocketFamily("SOCKET_FAMILY", "SOCKET_FAMILY", "ANY", "ANY,AF_INET,AF_INET6",
+                          "address family for bootstrap and TCP sockets");
+IntParam kBootstrapTimeoutMs("BOOTSTRAP_TIMEOUT_MS", nullptr, 120000, 100, INT64_MAX,
+                             "how long the bootstrap root and ranks wait for each other");
+IntParam kConnectTimeoutMs("CONNECT_TIMEOUT_MS", nullptr, 60000, 100, INT64_MAX,
+                           "how long a rank waits to set up its transport connections");
+StringParam kHostId("HOST_ID", nullptr, "", nullptr,
+                    "override of the host identity (ranks with equal ids use shared memory); "
+                    "default: boot id + network namespace");
+
+StringParam kTransport("TRANSPORT", nullptr, "AUTO", "AUTO,DIRECT,SHM,TCP",
+                       "force one transport between every pair of ranks (AUTO: direct memory in "
+                       "one process, shared memory on one host, TCP across hosts)");
+IntParam kNumChannels("NCHANNELS", "NCHANNELS", 1, 1, 16,
+                      "independent ordered connections per peer");
+IntParam kShmFifoBytes("SHM_FIFO_BYTES", nullptr, 4 << 20, 64 << 10, 1ll << 30,
+                       "bytes of each shared-memory FIFO (one per peer and channel)");
+IntParam kTcpBounceBytes("TCP_BOUNCE_BYTES", nullptr, 1 << 20, 4 << 10, 1ll << 30,
+                         "staging buffer a TCP receive reduces from");
+
+IntParam kTimeoutMs("TIMEOUT_MS", nullptr, 300000, 1, INT64_MAX,
+                    "a collective that makes no progress for this long fails naming the peer");
+IntParam kSpinUs("SPIN_US", nullptr, 50, 0, 1000000,
+                 "how long a waiting thread polls before it sleeps");
+IntParam kCommBlocking("COMM_BLOCKING", "COMM_BLOCKING", INT_MIN, INT_MIN, 1,
+                       "default for ncclConfig_t.blocking (0 or 1; unset: blocking)");
+
+StringParam kAlgo("ALGO", nullptr, "AUTO", nullptr,
+                  "force an algorithm, e.g. RING; AUTO lets the tuner choose");
+IntParam kChunkBytes("CHUNK_BYTES", nullptr, 512 << 10, 256, 1ll << 30,
+                     "pipelining granularity of chain and tree algorithms");
+
+StringParam kKernels("KERNELS", nullptr, "AUTO", "AUTO,SCALAR,AVX2,AVX512",
+                     "reduction kernel table (AUTO: the best the CPU supports)");
+
+const std::vector<Param*>& all() {
+  static const std::vector<Param*> list = {
+      &kDebug,        &kDebugSubsys,   &kDebugFile,    &kSocketIfname, &kSocketFamily,
+      &kBootstrapTimeoutMs, &kConnectTimeoutMs, &kHostId, &kTransport, &kNumChannels,
+      &kShmFifoBytes, &kTcpBounceBytes, &kTimeoutMs,   &kSpinUs,       &kCommBlocking,
+      &kAlgo,         &kChunkBytes,    &kKernels,
+  };
+  return list;
+}
+
+// ---- Loading --------------------------------------------------------------------------------
+
+namespace {
+
+std::atomic<bool> g_loaded{false};
+std::mutex g_load_mutex;
+
+std::string_view trim(std::string_view s) {
+  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.front()))) s.remove_prefix(1);
+  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back()))) s.remove_suffix(1);
+  return s;
+}
+
+// KEY=VALUE lines of the first config file that exists; '#' starts a comment.
+std::vector<std::pair<std::string, std::string>> read_config_file(std::string* path_out) {
+  std::vector<std::string> candidates;
+  if (const char* p = std::getenv("CHORUS_CONF_FILE")) candidates.emplace_back(p);
+  if (const char* home = std::getenv("HOME")) candidates.push_back(std::string(home) + "/.chorus.conf");
+  candidates.emplace_back("/etc/chorus.conf");
+  std::vector<std::pair<std::string, std::string>> entries;
+  for (const auto& path : candidates) {
+    std::ifstream in(path);
+    if (!in) continue;
+    *path_out = path;
+    std::string line;
+    while (std::getline(in, line)) {
+      std::string_view view = trim(line);
+      if (view.empty() || view.front() == '#') continue;
+      auto eq = view.find('=');
+      if (eq == std::string_view::npos) continue;
+      entries.emplace_back(std::string(trim(view.substr(0, eq))), std::string(trim(view.substr(eq + 1))));
+    }
+    break;
+  }
+  return entries;
+}
+
+}  // namespace
+
+bool parse_int(std::string_view text, int64_t* out) {
+  text = trim(text);
+  if (text.empty()) return false;
+  int64_t multiplier = 1;
+  char last = static_cast<char>(std::toupper(static_cast<unsigned char>(text.back())));
+  if (last == 'K' || last == 'M' || last == 'G') {
+    multiplier = last == 'K' ? (1ll << 10) : last == 'M' ? (1ll << 20) : (1ll << 30);
+    text.remove_suffix(1);
+  }
+  std::string s(text);
+  char* end = nullptr;
+  errno = 0;
+  long long v = std::strtoll(s.c_str(), &end, 0);
+  if (errno != 0 || end == s.c_str() || *end != '\0') return false;
+  if (v > INT64_MAX / multiplier || v < INT64_MIN / multiplier) return false;
+  *out = static_cast<int64_t>(v) * multiplier;
+  return true;
+}
+
+Param::Param(const char* name, const char* nccl_alias, const char* description)
+    : name_(name), nccl_alias_(nccl_alias), description_(description) {}
+
+std::string Param::env_name() const { return std::string("CHORUS_") + name_; }
+
+const std::string& Param::source() const {
+  ensure_loaded();
+  return source_;
+}
+
+void Param::ensure_loaded() {
+  if (!g_loaded.load(std::memory_order_acquire)) load_all();
+}
+
+void load_all() {
+  std::lock_guard<std::mutex> lock(g_load_mutex);
+  if (g_loaded.load(std::memory_order_relaxed)) return;
+  std::string file_path;
+  auto file_entries = read_config_file(&file_path);
+  for (Param* p : all()) {
+    p->reset_to_default();
+    p->source_ = "default";
+    std::optional<std::string> text;
+    std::string source;
+    std::string env = p->env_name();
+    if (const char* v = std::getenv(env.c_str())) {
+      text = v;
+      source = "env " + env;
+    } else if (p->nccl_alias_ != nullptr) {
+      std::string alias = std::string("NCCL_") + p->nccl_alias_;
+      if (const char* v2 = std::getenv(alias.c_str())) {
+        text = v2;
+        source = "env " + alias;
+      }
+    }
+    if (!text) {
+      for (const auto& [key, value] : file_entries) {
+        if (key == env || (p->nccl_alias_ && key == std::string("NCCL_") + p->nccl_alias_)) {
+          text = value;
+          source = "file " + file_path;
+        }
+      }
+    }
+    if (!text) continue;
+    std::string error = p->parse(trim(*text));
+    if (!error.empty()) {
+      // Not through the logger: the logger itself reads parameters.
+      std::fprintf(stderr, "chorus: ignoring %s=\"%s\" (%s): %s; using default %s\n",
+                   env.c_str(), text->c_str(), source.c_str(), error.c_str(),
+                   p->default_string().c_str());
+      p->reset_to_default();
+      continue;
+    }
+    p->source_ = source;
+  }
+  g_loaded.store(true, std::memory_order_release);
+}
+
+void reload_for_testing() {
+  std::lock_guard<std::mutex> lock(g_load_mutex);
+  g_loaded.store(false, std::memory_order_release);
+}
+
+IntParam::IntParam(const char* name, const char* nccl_alias, int64_t default_value,
+                   int64_t min_value, int64_t max_value, const char* description)
+    : Param(name, nccl_alias, description),
+      default_(default_value),
+      min_(min_value),
+      max_(max_value),
+      value_(default_value) {}
+
+std::string IntParam::parse(std::string_view text) {
+  int64_t v = 0;
+  if (!parse_int(text, &v)) return "not an integer";
+  if (v < min_ || v > max_) return fmt::format("out of range [{}, {}]", min_, max_);
+  value_ = v;
+  return {};
+}
+
+std::string IntParam::value_string() const {
+  int64_t v = get();
+  return v == INT_MIN ? "unset" : std::to_string(v);
+}
+
+std::string IntParam::default_string() const {
+  return default_ == INT_MIN ? "unset" : std::to_string(default_);
+}
+
+StringParam::StringParam(const char* name, const char* nccl_alias, const char* default_value,
+                         const char* choices, const char* description)
+    : Param(name, nccl_alias, description),
+      default_(default_value),
+      choices_(choices),
+      value_(default_value) {}
+
+std::string StringParam::parse(std::string_view text) {
+  if (choices_ == nullptr) {
+    value_ = std::string(text);
+    return {};
+  }
+  std::string upper(text);
+  std::transform(upper.begin(), upper.end(), upper.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::toupper(c)); });
+  std::string_view choices(choices_);
+  while (!choices.empty()) {
+    auto comma = choices.find(',');
+    std::string_view choice = choices.substr(0, comma);
+    if (choice == upper) {
+      value_ = upper;
+      return {};
+    }
+    if (comma == std::string_view::npos) break;
+    choices.remove_prefix(comma + 1);
+  }
+  return fmt::format("not one of {}", choices_);
+}
+
+}  // namespace chorus::params

@@ -1,0 +1,141 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "core/process.h"
+
+#include <linux/futex.h>
+#include <sys/eventfd.h>
+#include <sys/mman.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <climits>
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <mutex>
+#include <pthread.h>
+
+#include "common/log.h"
+#include "common/params.h"
+
+namespace chorus {
+
+void futex_wait(std::atomic<uint32_t>* word, uint32_t expected, int timeout_ms) {
+  timespec ts{timeout_ms / 1000, static_cast<long>(timeout_ms % 1000) * 1000000};
+  // Not FUTEX_PRIVATE: the word may live in memory shared with other processes.
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAIT, expected, &ts, nullptr, 0);
+}
+
+void futex_wake_all(std::atomic<uint32_t>* word) {
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
+}
+
+void ring_doorbell(DoorbellWord* word) {
+  word->seq.fetch_add(1, std::memory_order_seq_cst);
+  if (word->sleepers.load(std::memory_order_seq_cst) != 0) futex_wake_all(&word->seq);
+}
+
+bool random_bytes(void* out, size_t bytes) {
+  auto* p = static_cast<unsigned char*>(out);
+  while (bytes > 0) {
+    ssize_t n = getrandom(p, bytes, 0);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return false;
+    }
+    p += n;
+    bytes -= static_cast<size_t>(n);
+  }
+  return true;
+}
+
+uint64_t random_u64() {
+  uint64_t v = 0;
+  if (!random_bytes(&v, sizeof(v))) v = static_cast<uint64_t>(getpid()) * 0x9e3779b97f4a7c15ull ^ __builtin_ia32_rdtsc();
+  return v;
+}
+
+namespace {
+
+uint64_t fnv1a(std::string_view s, uint64_t h = 1469598103934665603ull) {
+  for (unsigned char c : s) {
+    h ^= c;
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
+// Processes that share a boot and a network namespace are on one host; network namespaces
+// stand for hosts in the multi-host tests.
+uint64_t compute_host_hash(const std::string& hostname) {
+  const std::string& forced = params::kHostId.get();
+  if (!forced.empty()) return fnv1a(forced);
+  std::string boot_id;
+  std::ifstream("/proc/sys/kernel/random/boot_id") >> boot_id;
+  struct stat st {};
+  uint64_t netns = 0;
+  if (stat("/proc/self/ns/net", &st) == 0) netns = st.st_ino;
+  return fnv1a(boot_id + ":" + std::to_string(netns) + ":" + (boot_id.empty() ? hostname : ""));
+}
+
+std::mutex g_context_mutex;
+std::atomic<ProcessContext*> g_context{nullptr};
+
+// In a child after fork() the parent's context (its doorbell, its threads) is not ours: forget
+// it (deliberately leaked) so the child builds its own on first use.
+void forget_context_in_child() { g_context.store(nullptr, std::memory_order_relaxed); }
+
+}  // namespace
+
+ProcessContext::ProcessContext() : pid_(getpid()), token_(random_u64()) {
+  char host[256] = {};
+  gethostname(host, sizeof(host) - 1);
+  hostname_ = host;
+  host_hash_ = compute_host_hash(hostname_);
+  int fd = static_cast<int>(syscall(SYS_memfd_create, "chorus-doorbell", MFD_CLOEXEC));
+  if (fd >= 0) {
+    doorbell_fd_.reset(fd);
+    fchmod(fd, 0600);
+    if (ftruncate(fd, 4096) == 0) {
+      void* p = mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+      if (p != MAP_FAILED) doorbell_map_ = Mapping(p, 4096);
+    }
+  }
+  if (doorbell_map_.get() == nullptr) {
+    // Without a shareable segment same-host peers cannot wake us; they fall back to TCP.
+    CHORUS_WARN(kInit, "cannot create the process doorbell segment: {}", std::strerror(errno));
+    void* p = mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    doorbell_map_ = Mapping(p, 4096);
+    doorbell_fd_.reset();
+  }
+  doorbell_ = new (doorbell_map_.get()) DoorbellWord{};
+  wake_fd_.reset(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
+}
+
+ProcessContext& ProcessContext::get() {
+  if (ProcessContext* c = g_context.load(std::memory_order_acquire)) return *c;
+  std::lock_guard<std::mutex> lock(g_context_mutex);
+  if (ProcessContext* c = g_context.load(std::memory_order_acquire)) return *c;
+  static std::once_flag atfork_once;
+  std::call_once(atfork_once, [] { pthread_atfork(nullptr, nullptr, forget_context_in_child); });
+  auto* c = new ProcessContext();  // lives as long as the process
+  g_context.store(c, std::memory_order_release);
+  return *c;
+}
+
+void ProcessContext::ring_local() {
+  ring_doorbell(doorbell_);
+  if (doorbell_->pollers.load(std::memory_order_seq_cst) != 0 && wake_fd_.valid()) {
+    uint64_t one = 1;
+    [[maybe_unused]] ssize_t n = write(wake_fd_.get(), &one, sizeof(one));
+  }
+}
+
+void ProcessContext::drain_wake_fd() {
+  uint64_t value;
+  [[maybe_unused]] ssize_t n = read(wake_fd_.get(), &value, sizeof(value));
+}
+
+}  // namespace chorus

@@ -1,0 +1,89 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "core/task.h"
+
+#include <exception>
+#include <new>
+
+namespace chorus {
+
+namespace {
+thread_local Fiber* t_current_fiber = nullptr;
+}
+
+void Task::promise_type::unhandled_exception() noexcept {
+  // Library code does not throw, but allocation inside a coroutine can.
+  try {
+    throw;
+  } catch (const std::bad_alloc&) {
+    status = Status(Code::kSystemError, "out of memory inside an operation");
+  } catch (const std::exception& e) {
+    status = internal_error("exception inside an operation: {}", e.what());
+  } catch (...) {
+    status = internal_error("unknown exception inside an operation");
+  }
+}
+
+Fiber* Fiber::current() { return t_current_fiber; }
+
+bool Fiber::step() {
+  if (root_.done() || !cond_.ready()) return false;
+  cond_ = WaitCond{};
+  waiting_req_ = nullptr;
+  Fiber* previous = t_current_fiber;
+  t_current_fiber = this;
+  leaf_.resume();
+  t_current_fiber = previous;
+  if (root_.done() && group_) {
+    Status status = root_.take_status();
+    if (!status.ok() && group_->first_error.ok()) group_->first_error = std::move(status);
+    group_->done.fetch_add(1, std::memory_order_release);
+  }
+  return true;
+}
+
+FiberSet::FiberSet(Task root) {
+  fibers_.push_back(std::make_unique<Fiber>(std::move(root), this, nullptr));
+}
+
+bool FiberSet::step_all() {
+  bool ran = false;
+  // Index loop: stepping may spawn (append) fibers, which then run in this same pass.
+  for (size_t i = 0; i < fibers_.size(); ++i) ran |= fibers_[i]->step();
+  // Drop finished children once they dominate, so long pipelines do not accumulate them.
+  if (fibers_.size() > 64) {
+    size_t finished = 0;
+    for (size_t i = 1; i < fibers_.size(); ++i) finished += fibers_[i]->done() ? 1 : 0;
+    if (finished * 2 > fibers_.size()) {
+      std::vector<std::unique_ptr<Fiber>> kept;
+      kept.reserve(fibers_.size() - finished);
+      for (size_t i = 0; i < fibers_.size(); ++i)
+        if (i == 0 || !fibers_[i]->done()) kept.push_back(std::move(fibers_[i]));
+      fibers_ = std::move(kept);
+    }
+  }
+  return ran;
+}
+
+void FiberSet::add(Task task, std::shared_ptr<GroupState> group) {
+  fibers_.push_back(std::make_unique<Fiber>(std::move(task), this, std::move(group)));
+}
+
+std::vector<const Request*> FiberSet::waiting_requests() const {
+  std::vector<const Request*> out;
+  for (const auto& f : fibers_)
+    if (const Request* r = f->waiting_on()) out.push_back(r);
+  return out;
+}
+
+void FiberGroup::spawn(Task task) {
+  ++state_->spawned;
+  Fiber::current()->set()->add(std::move(task), state_);
+}
+
+Task FiberGroup::join() {
+  std::shared_ptr<GroupState> state = state_;
+  co_await wait_until(WaitCond{&state->done, state->spawned});
+  co_return state->first_error;
+}
+
+}  // namespace chorus

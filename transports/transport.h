@@ -1,0 +1,121 @@
+// SPDX-License-Identifier: Apache-2.0
+// File: transports/transport.h
+// The transport interface: mechanisms that move bytes between two ranks, no policy.
+//
+// A Connection is one reliable, ordered channel from this rank to one peer (a comm has
+// `channels` of them per peer; route/ will later pick among several paths). Sends and receives
+// posted on a connection are matched in posting order, so both sides must post in the same
+// order: the algorithms guarantee it, and every message carries a MsgTag that the receiver checks
+// so that a rank calling a different collective gets a clear error instead of garbage.
+//
+// Requests are owned by the caller (they live in coroutine frames) and must stay alive until
+// they complete. Nothing here blocks: progress() moves what it can and returns.
+#pragma once
+
+#include <poll.h>
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "kernels/reduce/reduce.h"
+
+namespace chorus {
+
+// What the sender was doing when it produced a message; the receiver compares it with what it
+// is doing itself. 24 bytes, sent on the wire.
+struct MsgTag {
+  uint32_t seq = 0;    // collective sequence number, or per-peer p2p sequence number
+  uint8_t coll = 0;    // CollKind
+  uint8_t dtype = 0;   // DataType
+  uint8_t redop = 0;   // RedOpKind
+  uint8_t flags = 0;   // reserved
+  int32_t root = -1;   // root or peer, -1 when not applicable
+  uint32_t pad = 0;
+  uint64_t count = 0;  // the count argument of the call
+  bool operator==(const MsgTag& o) const {
+    return seq == o.seq && coll == o.coll && dtype == o.dtype && redop == o.redop &&
+           root == o.root && count == o.count;
+  }
+  bool operator!=(const MsgTag& o) const { return !(*this == o); }
+};
+static_assert(sizeof(MsgTag) == 24);
+
+// "AllReduce #12 (count 1024, float, sum)".
+std::string describe_tag(const MsgTag& tag);
+
+struct Request {
+  enum : uint32_t { kPending = 0, kDone = 1, kFailed = 2 };
+  std::atomic<uint32_t> state{kPending};
+  int peer = -1;
+  size_t bytes = 0;                    // message size
+  std::atomic<size_t> bytes_done{0};   // for diagnostics of stuck operations
+  MsgTag tag;
+
+  bool done() const { return state.load(std::memory_order_acquire) != kPending; }
+  bool failed() const { return state.load(std::memory_order_acquire) == kFailed; }
+  void complete() { state.store(kDone, std::memory_order_release); }
+  void fail() { state.store(kFailed, std::memory_order_release); }
+  void reset() {
+    state.store(kPending, std::memory_order_relaxed);
+    bytes_done.store(0, std::memory_order_relaxed);
+  }
+};
+
+struct SendRequest : Request {
+  const void* buf = nullptr;
+};
+
+// Receives `bytes` into dst. With `reduce` set, combines instead of copying:
+// dst[i] = reduce(src[i], incoming[i]) element-wise (dst may equal src).
+struct RecvRequest : Request {
+  void* dst = nullptr;
+  const void* src = nullptr;
+  kernels::ReduceFn reduce = nullptr;
+  size_t elem_size = 1;
+};
+
+class Connection {
+ public:
+  virtual ~Connection() = default;
+  Connection(const Connection&) = delete;
+  Connection& operator=(const Connection&) = delete;
+
+  int peer() const { return peer_; }
+  int channel() const { return channel_; }
+
+  // Queue a request. Never blocks; the request completes (or fails) during progress(), of this
+  // connection or of the peer's side (direct memory transfers are done by the receiver).
+  virtual void post_send(SendRequest* req) = 0;
+  virtual void post_recv(RecvRequest* req) = 0;
+  // Moves data. Returns true if anything changed. On failure every pending request fails and
+  // error() says why, naming the peer.
+  virtual bool progress() = 0;
+  // True when no request is pending on this side.
+  virtual bool idle() const = 0;
+  const Status& error() const { return error_; }
+  // A file descriptor to poll while sleeping, or -1 when the peer rings the doorbell instead.
+  virtual int poll_fd(short* events) const {
+    (void)events;
+    return -1;
+  }
+  virtual const char* transport_name() const = 0;
+
+ protected:
+  Connection(int peer, int channel) : peer_(peer), channel_(channel) {}
+  // Records the first error; the caller then fails its pending requests.
+  void set_error(Status status) {
+    if (error_.ok()) error_ = std::move(status);
+  }
+
+ private:
+  int peer_;
+  int channel_;
+  Status error_;
+};
+
+}  // namespace chorus
