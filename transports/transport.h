@@ -52,6 +52,7 @@ struct Request {
   enum : uint32_t { kPending = 0, kDone = 1, kFailed = 2 };
   std::atomic<uint32_t> state{kPending};
   int peer = -1;
+  bool is_send = false;
   size_t bytes = 0;                    // message size
   std::atomic<size_t> bytes_done{0};   // for diagnostics of stuck operations
   MsgTag tag;
@@ -67,6 +68,7 @@ struct Request {
 };
 
 struct SendRequest : Request {
+  SendRequest() { is_send = true; }
   const void* buf = nullptr;
 };
 

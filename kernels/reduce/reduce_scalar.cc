@@ -26,11 +26,20 @@ struct Float16Like {
   static float load(uint16_t v) { return FromBits(v); }
   static uint16_t store(float v) { return ToBits(v); }
 };
+// FP8 decodes through a 256-entry table built once from the exact decoder.
+template <float (*FromBits)(uint8_t)>
+struct Fp8Table {
+  float value[256];
+  Fp8Table() {
+    for (int c = 0; c < 256; ++c) value[c] = FromBits(static_cast<uint8_t>(c));
+  }
+};
 template <uint8_t (*ToBits)(float), float (*FromBits)(uint8_t)>
 struct Float8Like {
   using Storage = uint8_t;
   using Compute = float;
-  static float load(uint8_t v) { return FromBits(v); }
+  static inline const Fp8Table<FromBits> kTable{};
+  static float load(uint8_t v) { return kTable.value[v]; }
   static uint8_t store(float v) { return ToBits(v); }
 };
 

@@ -36,6 +36,7 @@ std::string_view coll_name(CollKind c) {
     case CollKind::kAlltoAll: return "AlltoAll";
     case CollKind::kScatter: return "Scatter";
     case CollKind::kGather: return "Gather";
+    case CollKind::kInternal: return "Internal";
   }
   return "Unknown";
 }

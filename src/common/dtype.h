@@ -73,6 +73,7 @@ enum class CollKind : int {
   kAlltoAll = 8,
   kScatter = 9,
   kGather = 10,
+  kInternal = 99,  // Chorus's own exchanges (split, shrink)
 };
 
 std::string_view coll_name(CollKind c);

@@ -1,0 +1,275 @@
+// SPDX-License-Identifier: Apache-2.0
+// File: src/core/comm.cc
+// Communicator state and its operation queue: start, progress and retire operations.
+#include "core/comm.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "algo/algo.h"
+#include "common/clock.h"
+#include "common/log.h"
+#include "common/params.h"
+#include "core/process.h"
+#include "core/stream.h"
+#include "transports/direct/direct_transport.h"
+#include "transports/shm/shm_transport.h"
+#include "transports/tcp/tcp_transport.h"
+
+namespace chorus {
+
+Comm::Comm(CommIdentity id) { set_identity(std::move(id)); }
+
+void Comm::set_identity(CommIdentity id) {
+  id_ = std::move(id);
+  send_seq_.assign(id_.nranks, 0);
+  recv_seq_.assign(id_.nranks, 0);
+  cu_device_ = id_.config.cu_device;
+}
+
+Comm::~Comm() { shutdown(); }
+
+std::string Comm::describe() const {
+  std::string text = fmt::format("comm {:#x} rank {}/{}", id_.uid & 0xffffffffu, id_.rank, id_.nranks);
+  if (!id_.config.name.empty()) text += fmt::format(" ({})", id_.config.name);
+  return text;
+}
+
+void Comm::set_state(State s) {
+  state_.store(s, std::memory_order_release);
+  ProcessContext::get().ring_local();
+}
+
+Status Comm::async_status() const {
+  switch (state()) {
+    case State::kInitializing:
+      return Status(Code::kInProgress, fmt::format("{} is still initializing", describe()));
+    case State::kAborted:
+      return invalid_usage("{} was aborted", describe());
+    default: break;
+  }
+  std::lock_guard<std::mutex> lock(status_mutex_);
+  if (!failure_.ok()) return failure_;
+  if (!id_.config.blocking && has_pending_ops())
+    return Status(Code::kInProgress, fmt::format("{} has operations in flight", describe()));
+  return Status();
+}
+
+void Comm::poison(const Status& why) {
+  {
+    std::lock_guard<std::mutex> lock(status_mutex_);
+    if (!failure_.ok()) return;
+    failure_ = why;
+  }
+  CHORUS_WARN(kColl, "{}: {}", describe(), why.message());
+  if (state() == State::kReady) state_.store(State::kFailed, std::memory_order_release);
+  ProcessContext::get().ring_local();
+}
+
+void Comm::request_abort() {
+  abort_.store(true, std::memory_order_release);
+  ProcessContext::get().ring_local();
+}
+
+bool Comm::has_pending_ops() const {
+  std::lock_guard<std::mutex> lock(queue_mutex_);
+  return !queue_.empty();
+}
+
+Status Comm::enqueue(const std::shared_ptr<Op>& op) {
+  if (aborting()) return invalid_usage("{} was aborted", describe());
+  {
+    std::lock_guard<std::mutex> lock(status_mutex_);
+    if (!failure_.ok()) {
+      Status s = failure_;
+      return s.with_context(fmt::format("{} is unusable after an earlier failure", describe()));
+    }
+  }
+  // Internal exchanges may involve a subset of the ranks: they count apart from collectives.
+  uint32_t seq = op->p2p_batch() ? 0 : op->is_internal() ? internal_seq_++ : coll_seq_++;
+  for (CollCall& c : op->calls()) {
+    c.tag.coll = static_cast<uint8_t>(op->p2p_batch() ? CollKind::kSendRecv : c.kind);
+    c.tag.dtype = static_cast<uint8_t>(c.dtype);
+    c.tag.redop = static_cast<uint8_t>(c.op.kind);
+    c.tag.count = c.count;
+    c.tag.root = c.root;
+    c.tag.seq = seq;
+    if (op->p2p_batch()) {
+      // Between a pair, the k-th send matches the k-th receive; the tag names the sender.
+      bool send = c.kind == CollKind::kSend;
+      c.tag.seq = send ? send_seq_[c.root]++ : recv_seq_[c.root]++;
+      c.tag.root = send ? rank() : c.root;
+      c.tag.redop = 0;
+    }
+  }
+  std::lock_guard<std::mutex> lock(queue_mutex_);
+  queue_.push_back(op);
+  return Status();
+}
+
+bool Comm::advance() {
+  bool progressed = false;
+  for (;;) {
+    std::shared_ptr<Op> op;
+    {
+      std::lock_guard<std::mutex> lock(queue_mutex_);
+      if (queue_.empty()) break;
+      op = queue_.front();
+    }
+    if (!op->started) {
+      if (!op->deps_done()) break;  // stream order: an earlier op on its stream is pending
+      Status status = start_op(*op);
+      if (!status.ok()) {
+        finish_op(*op, std::move(status));
+        progressed = true;
+        continue;
+      }
+    }
+    bool moved = progress_connections();
+    moved |= op->fibers->step_all();
+    if (op->fibers->done()) {
+      finish_op(*op, op->fibers->take_status());
+      progressed = true;
+      continue;
+    }
+    if (moved) {
+      op->last_progress_ns = now_ns();
+      progressed = true;
+    } else if (aborting()) {
+      finish_op(*op, remote_error("{} was aborted during {}", describe(), op->describe()));
+      progressed = true;
+      continue;
+    } else {
+      Status status = check_timeout(*op);
+      if (!status.ok()) {
+        finish_op(*op, std::move(status));
+        progressed = true;
+        continue;
+      }
+    }
+    break;
+  }
+  return progressed;
+}
+
+Status Comm::start_op(Op& op) {
+  op.started = true;
+  op.last_progress_ns = now_ns();
+  if (aborting()) return remote_error("{} was aborted before {}", describe(), op.describe());
+  {
+    std::lock_guard<std::mutex> lock(status_mutex_);
+    if (!failure_.ok()) {
+      Status s = failure_;
+      return s.with_context(fmt::format("{} not run: the communicator failed earlier", op.describe()));
+    }
+  }
+  for (const auto& d : op.deps()) {
+    if (!d->status().ok()) {
+      return Status(d->status().code(), fmt::format("{} not run: an earlier operation on its "
+                                                    "stream failed: {}", op.describe(),
+                                                    d->status().message()));
+    }
+  }
+  op.deps().clear();  // drop references so completed ops are freed
+  op.fibers = std::make_unique<FiberSet>(algo::run_op(*this, op));
+  return Status();
+}
+
+void Comm::finish_op(Op& op, Status status) {
+  if (!status.ok()) {
+    status.with_context(fmt::format("{} on {}", op.describe(), describe()));
+    // Transfers of the failed operation may still be posted: drop every connection before the
+    // fibers (and the requests in their frames) go away. The comm is unusable from now on.
+    poison(status);
+    close_connections();
+  }
+  op.fibers.reset();
+  {
+    std::lock_guard<std::mutex> lock(queue_mutex_);
+    if (!queue_.empty() && queue_.front().get() == &op) queue_.pop_front();
+  }
+  for (Stream* s : op.streams()) s->note_result(status);
+  op.complete(std::move(status));
+  ProcessContext::get().ring_local();
+}
+
+bool Comm::progress_connections() {
+  bool moved = false;
+  for (size_t i = 0; i < active_.size();) {
+    Connection* c = active_[i];
+    moved |= c->progress();
+    if (c->idle()) {
+      active_[i] = active_.back();
+      active_.pop_back();
+    } else {
+      ++i;
+    }
+  }
+  return moved;
+}
+
+void Comm::activate(Connection* conn) {
+  if (std::find(active_.begin(), active_.end(), conn) == active_.end()) active_.push_back(conn);
+}
+
+bool Comm::collect_poll_fds(std::vector<pollfd>* fds) const {
+  bool doorbell = false;
+  for (Connection* c : active_) {
+    short events = 0;
+    int fd = c->poll_fd(&events);
+    if (fd >= 0) {
+      fds->push_back(pollfd{fd, events, 0});
+    } else {
+      doorbell = true;
+    }
+  }
+  return doorbell;
+}
+
+Status Comm::check_timeout(Op& op) {
+  int64_t timeout_ms = params::kTimeoutMs.get();
+  int64_t idle_ns = now_ns() - op.last_progress_ns;
+  if (idle_ns < timeout_ms * 1000000) return Status();
+  std::string waiting;
+  if (op.fibers) {
+    for (const Request* r : op.fibers->waiting_requests()) {
+      waiting += fmt::format("; waiting for {} to {} ({} of {} bytes done)", peer(r->peer).describe(),
+                             r->is_send ? "take our data" : "send its data",
+                             r->bytes_done.load(std::memory_order_relaxed), r->bytes);
+    }
+  }
+  return remote_error("no progress for {:.1f} s (CHORUS_TIMEOUT_MS={}){}", idle_ns / 1e9,
+                      timeout_ms, waiting);
+}
+
+void* Comm::scratch(int slot, size_t bytes) {
+  if (scratch_.size() <= static_cast<size_t>(slot)) {
+    scratch_.resize(slot + 1);
+    scratch_bytes_.resize(slot + 1, 0);
+  }
+  if (scratch_bytes_[slot] < bytes) {
+    scratch_[slot].reset(new char[bytes]);
+    scratch_bytes_[slot] = bytes;
+  }
+  return scratch_[slot].get();
+}
+
+void Comm::close_connections() {
+  active_.clear();
+  for (auto& per_peer : conns_)
+    for (auto& c : per_peer) c.reset();
+}
+
+void Comm::shutdown() {
+  std::lock_guard<std::mutex> drive(drive_mutex_);
+  close_connections();
+  conns_.clear();
+  direct_node_.reset();
+  shm_segment_.reset();
+  tcp_listener_.reset();
+  scratch_.clear();
+  scratch_bytes_.clear();
+}
+
+}  // namespace chorus

@@ -1,0 +1,197 @@
+// SPDX-License-Identifier: Apache-2.0
+// File: src/core/comm.h
+// A communicator: one rank's view of a group of ranks, its connections to each peer, and the
+// queue of operations it runs in issue order.
+//
+// Threading. API calls on a comm come from one thread at a time (NCCL's rule), except abort
+// and async-error queries. Operations are executed by whichever thread holds the comm's drive
+// lock: the caller of a blocking call, or the process's progress thread for stream work. Lock
+// order: Engine::mutex_ -> Comm::drive_mutex_ -> Comm::queue_mutex_ (never the reverse).
+#pragma once
+
+#include <atomic>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "bootstrap/auth.h"
+#include "bootstrap/socket.h"
+#include "common/dtype.h"
+#include "common/status.h"
+#include "core/op.h"
+#include "transports/transport.h"
+
+namespace chorus {
+
+namespace direct {
+class DirectNode;
+}
+namespace shm {
+class ShmSegment;
+}
+namespace tcp {
+class TcpListener;
+}
+
+// What every rank publishes about itself when a communicator is created.
+struct PeerInfo {
+  int rank = -1;
+  int nranks = 0;
+  uint64_t host_hash = 0;
+  std::string hostname;
+  int pid = 0;
+  uint64_t process_token = 0;
+  int doorbell_fd = -1;  // the process doorbell memfd (same-host peers map it)
+  int shm_fd = -1;       // this rank's incoming shared-memory FIFO segment
+  net::SockAddr tcp_addr;
+  int channels = 1;
+
+  std::string serialize() const;
+  static Result<PeerInfo> parse(std::string_view bytes);
+  // "rank 3 (host node7, pid 1234)".
+  std::string describe() const;
+};
+
+enum class TransportKind : uint8_t { kNone, kDirect, kShm, kTcp };
+const char* transport_kind_name(TransportKind kind);
+
+struct CommConfig {
+  bool blocking = true;
+  std::string name;  // commName, for logs
+  int cu_device = -1;
+  int split_share = 0;
+};
+
+// Everything needed to create a comm's identity; the connections come from setup().
+struct CommIdentity {
+  int rank = 0;
+  int nranks = 1;
+  uint64_t uid = 0;          // same on every rank of the communicator
+  bootstrap::Secret secret;  // authenticates this communicator's connections
+  CommConfig config;
+};
+
+class Comm : public std::enable_shared_from_this<Comm> {
+ public:
+  enum class State : int { kInitializing, kReady, kFinalized, kFailed, kAborted, kRevoked };
+
+  explicit Comm(CommIdentity id);
+  // Sets rank, size and keys before setup() (a split learns them after the comm exists).
+  void set_identity(CommIdentity id);
+  ~Comm();
+  Comm(const Comm&) = delete;
+  Comm& operator=(const Comm&) = delete;
+
+  // Exchanges PeerInfo through `exchange` (bootstrap root, or a parent comm), then connects.
+  using ExchangeFn = std::function<Result<std::vector<std::string>>(const std::string& mine)>;
+  Status setup(const ExchangeFn& exchange);
+
+  int rank() const { return id_.rank; }
+  int nranks() const { return id_.nranks; }
+  uint64_t uid() const { return id_.uid; }
+  const bootstrap::Secret& secret() const { return id_.secret; }
+  const CommConfig& config() const { return id_.config; }
+  int cu_device() const { return cu_device_; }
+  int channels() const { return channels_; }
+  const PeerInfo& peer(int rank) const { return peers_[rank]; }
+  TransportKind transport_to(int peer) const { return transport_[peer]; }
+  Connection* conn(int peer, int channel) const { return conns_[peer][channel].get(); }
+  // "comm 0x1234abcd rank 2/4" plus the name if any, for messages.
+  std::string describe() const;
+
+  // ---- State (safe from any thread) ----
+  State state() const { return state_.load(std::memory_order_acquire); }
+  void set_state(State s);
+  // ncclSuccess / ncclInProgress / the error that broke the comm, as a Status.
+  Status async_status() const;
+  // Marks the comm broken by `why` (a remote failure, a timeout, a mismatch): queued and future
+  // operations fail with it. Keeps the first reason.
+  void poison(const Status& why);
+  bool aborting() const { return abort_.load(std::memory_order_acquire); }
+  // Asks every operation in flight to stop; they fail. Returns at once.
+  void request_abort();
+
+  // ---- Operations ----
+  // Queues a fully built operation (its stream dependencies set), assigning its sequence
+  // numbers. Fails on a broken comm.
+  Status enqueue(const std::shared_ptr<Op>& op);
+  // Runs the queue: starts, progresses and retires operations. The caller holds drive_mutex().
+  // True if anything progressed.
+  bool advance();
+  std::mutex& drive_mutex() { return drive_mutex_; }
+  bool has_pending_ops() const;
+  // Adds the file descriptors to poll while waiting for this comm's active connections (drive
+  // lock held). Returns true if some active connection is woken by the doorbell instead.
+  bool collect_poll_fds(std::vector<pollfd>* fds) const;
+
+  // Marks a connection as having pending requests (it is progressed until idle again).
+  void activate(Connection* conn);
+  // A per-comm scratch buffer of at least `bytes` (slot 0..3), valid until the next call with
+  // the same slot. Operations run one at a time per comm, so they may use it freely.
+  void* scratch(int slot, size_t bytes);
+
+  // ---- Reduction operators made by ncclRedOpCreatePreMulSum ----
+  Result<int> create_premul(DataType dtype, const void* scalar, bool immediate);
+  Status destroy_redop(int id);
+  Result<RedOp> resolve_redop(int id, DataType dtype) const;
+
+  // Ordinal of the next split/shrink made from this comm (equal on all ranks).
+  uint32_t next_child_ordinal() { return child_ordinal_++; }
+
+  // ---- Buffer registrations ----
+  void* register_buffer(void* buf, size_t bytes);
+  Status deregister_buffer(void* handle);
+
+  // Closes every connection and frees transport resources (drive lock is taken). Idempotent.
+  void shutdown();
+
+ private:
+  Status start_op(Op& op);
+  void finish_op(Op& op, Status status);
+  bool progress_connections();
+  void close_connections();
+  Status check_timeout(Op& op);
+  Status connect_transports(const std::vector<PeerInfo>& infos);
+  TransportKind choose_transport(const PeerInfo& me, const PeerInfo& other) const;
+
+  CommIdentity id_;
+  int channels_ = 1;
+  int cu_device_ = -1;
+  std::vector<PeerInfo> peers_;
+  std::vector<TransportKind> transport_;
+  std::vector<std::vector<std::unique_ptr<Connection>>> conns_;  // [peer][channel]
+  std::shared_ptr<direct::DirectNode> direct_node_;
+  std::unique_ptr<shm::ShmSegment> shm_segment_;
+  std::unique_ptr<tcp::TcpListener> tcp_listener_;
+
+  std::atomic<State> state_{State::kInitializing};
+  std::atomic<bool> abort_{false};
+  mutable std::mutex status_mutex_;
+  Status failure_;  // why the comm broke (guarded by status_mutex_)
+
+  std::mutex drive_mutex_;
+  mutable std::mutex queue_mutex_;
+  std::deque<std::shared_ptr<Op>> queue_;  // guarded by queue_mutex_; head runs first
+  uint32_t coll_seq_ = 0;                   // enqueue side (API thread)
+  uint32_t internal_seq_ = 0;
+  std::vector<uint32_t> send_seq_, recv_seq_;
+  uint32_t child_ordinal_ = 0;
+
+  std::vector<Connection*> active_;  // drive lock
+  std::vector<std::unique_ptr<char[]>> scratch_;
+  std::vector<size_t> scratch_bytes_;
+
+  struct PremulOp {
+    bool in_use = false;
+    DataType dtype = DataType::kFloat32;
+    RedOp op;
+  };
+  mutable std::mutex redop_mutex_;
+  std::vector<PremulOp> premul_;
+  std::mutex reg_mutex_;
+  std::vector<std::unique_ptr<std::pair<void*, size_t>>> registrations_;
+};
+
+}  // namespace chorus

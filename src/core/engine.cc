@@ -1,0 +1,207 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "core/engine.h"
+
+#include <pthread.h>
+#include <sched.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdlib>
+
+#include "common/clock.h"
+#include "common/log.h"
+#include "common/params.h"
+#include "core/process.h"
+
+namespace chorus {
+
+namespace {
+constexpr int kMaxSleepMs = 100;  // a sleeper re-checks deadlines and abort at least this often
+
+inline void cpu_relax() { __builtin_ia32_pause(); }
+}  // namespace
+
+void Idler::idle(const std::function<bool()>& retry, std::vector<pollfd>& fds, int slice_ms) {
+  int64_t now = now_ns();
+  if (idle_since_ns_ == 0) {
+    idle_since_ns_ = now;
+    spins_ = 0;
+  }
+  if (now - idle_since_ns_ < params::kSpinUs.get() * 1000) {
+    for (int i = 0; i < 8; ++i) cpu_relax();
+    // Oversubscribed (more ranks than cores): let the peer we wait for run.
+    if (++spins_ % 32 == 0) sched_yield();
+    return;
+  }
+  ProcessContext& process = ProcessContext::get();
+  DoorbellWord* bell = process.doorbell();
+  uint32_t seen = bell->seq.load(std::memory_order_seq_cst);
+  if (fds.empty()) {
+    bell->sleepers.fetch_add(1, std::memory_order_seq_cst);
+    if (!retry()) futex_wait(&bell->seq, seen, std::min(slice_ms, kMaxSleepMs));
+    bell->sleepers.fetch_sub(1, std::memory_order_seq_cst);
+  } else {
+    bell->pollers.fetch_add(1, std::memory_order_seq_cst);
+    if (!retry()) {
+      fds.push_back(pollfd{process.wake_fd(), POLLIN, 0});
+      int n = poll(fds.data(), fds.size(), std::min(slice_ms, kMaxSleepMs));
+      if (n > 0 && (fds.back().revents & POLLIN)) process.drain_wake_fd();
+    }
+    bell->pollers.fetch_sub(1, std::memory_order_seq_cst);
+  }
+}
+
+void drive_until(const std::function<bool()>& done, const std::vector<Comm*>& comms) {
+  Idler idler;
+  std::vector<pollfd> fds;
+  bool short_slice = false;
+  auto pass = [&]() {
+    bool progressed = false;
+    fds.clear();
+    short_slice = false;
+    for (Comm* c : comms) {
+      std::unique_lock<std::mutex> lock(c->drive_mutex(), std::try_to_lock);
+      if (!lock.owns_lock()) {
+        short_slice = true;  // another thread drives it; it rings us when it finishes ops
+        continue;
+      }
+      progressed |= c->advance();
+      short_slice |= c->collect_poll_fds(&fds);
+    }
+    return progressed;
+  };
+  while (!done()) {
+    if (pass()) {
+      idler.reset();
+      continue;
+    }
+    if (done()) break;
+    idler.idle([&] { return pass() || done(); }, fds, short_slice && !fds.empty() ? 1 : kMaxSleepMs);
+  }
+}
+
+Engine& Engine::get() {
+  // One per process; deliberately never destroyed (the thread is stopped at exit).
+  static std::atomic<Engine*> engine{nullptr};
+  static std::mutex create_mutex;
+  static int owner_pid = 0;
+  Engine* e = engine.load(std::memory_order_acquire);
+  if (e != nullptr && owner_pid == ProcessContext::get().pid()) return *e;
+  std::lock_guard<std::mutex> lock(create_mutex);
+  e = engine.load(std::memory_order_acquire);
+  if (e == nullptr || owner_pid != ProcessContext::get().pid()) {
+    // First use, or a child after fork(): the parent's thread is not ours.
+    e = new Engine();
+    owner_pid = ProcessContext::get().pid();
+    engine.store(e, std::memory_order_release);
+    static bool registered = false;
+    if (!registered) {
+      registered = true;
+      std::atexit([] {
+        Engine* current = engine.load(std::memory_order_acquire);
+        if (current != nullptr && owner_pid == getpid()) current->stop();
+      });
+    }
+  }
+  return *e;
+}
+
+void Engine::watch(const std::shared_ptr<Comm>& comm) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (std::find(comms_.begin(), comms_.end(), comm) == comms_.end()) comms_.push_back(comm);
+  if (!thread_.joinable() && !stopping_) thread_ = std::thread([this] { run(); });
+  work_cv_.notify_one();
+  ProcessContext::get().ring_local();
+}
+
+void Engine::submit(const std::shared_ptr<Op>& host_op) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  host_ops_.push_back(host_op);
+  if (!thread_.joinable() && !stopping_) thread_ = std::thread([this] { run(); });
+  work_cv_.notify_one();
+  ProcessContext::get().ring_local();
+}
+
+void Engine::stop() {
+  std::thread thread;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stopping_ = true;
+    thread = std::move(thread_);
+  }
+  work_cv_.notify_all();
+  ProcessContext::get().ring_local();
+  if (thread.joinable()) thread.join();
+}
+
+bool Engine::pass(std::vector<pollfd>* fds, bool* short_slice) {
+  std::vector<std::shared_ptr<Comm>> comms;
+  std::vector<std::shared_ptr<Op>> host_ops;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    comms = comms_;
+    host_ops = host_ops_;
+  }
+  bool progressed = false;
+  fds->clear();
+  *short_slice = false;
+  std::vector<Comm*> finished;
+  for (const auto& c : comms) {
+    std::unique_lock<std::mutex> lock(c->drive_mutex(), std::try_to_lock);
+    if (!lock.owns_lock()) {
+      *short_slice = true;
+      continue;
+    }
+    progressed |= c->advance();
+    *short_slice |= c->collect_poll_fds(fds);
+    if (!c->has_pending_ops()) finished.push_back(c.get());
+  }
+  std::vector<Op*> ran;
+  for (const auto& op : host_ops) {
+    if (!op->deps_done()) continue;
+    op->deps().clear();
+    op->run_host_fn();
+    op->complete(Status());
+    ran.push_back(op.get());
+    progressed = true;
+  }
+  if (!finished.empty() || !ran.empty()) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    comms_.erase(std::remove_if(comms_.begin(), comms_.end(),
+                                [&](const std::shared_ptr<Comm>& c) {
+                                  return std::count(finished.begin(), finished.end(), c.get()) &&
+                                         !c->has_pending_ops();
+                                }),
+                 comms_.end());
+    host_ops_.erase(std::remove_if(host_ops_.begin(), host_ops_.end(),
+                                   [&](const std::shared_ptr<Op>& o) {
+                                     return std::count(ran.begin(), ran.end(), o.get()) > 0;
+                                   }),
+                    host_ops_.end());
+    ProcessContext::get().ring_local();
+  }
+  return progressed;
+}
+
+void Engine::run() {
+  pthread_setname_np(pthread_self(), "chorus-prog");
+  Idler idler;
+  std::vector<pollfd> fds;
+  bool short_slice = false;
+  for (;;) {
+    {
+      // Nothing to drive: block until watch()/submit() hand over work (no periodic wake-ups).
+      std::unique_lock<std::mutex> lock(mutex_);
+      work_cv_.wait(lock, [&] { return stopping_ || has_work_locked(); });
+      if (stopping_) return;
+    }
+    if (pass(&fds, &short_slice)) {
+      idler.reset();
+      continue;
+    }
+    idler.idle([&] { return pass(&fds, &short_slice); }, fds,
+               short_slice && !fds.empty() ? 1 : kMaxSleepMs);
+  }
+}
+
+}  // namespace chorus

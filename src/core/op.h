@@ -1,0 +1,145 @@
+// SPDX-License-Identifier: Apache-2.0
+// File: src/core/op.h
+// An operation: one collective call, or the send/receive calls of one group on one comm,
+// queued on its comm and run as fibers (src/core/task.h) by whichever thread drives the comm.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "common/dtype.h"
+#include "common/status.h"
+#include "core/task.h"
+#include "kernels/reduce/reduce.h"
+#include "transports/transport.h"
+
+namespace chorus {
+
+class Comm;
+class Stream;
+class OpContext;
+
+struct RedOp {
+  RedOpKind kind = RedOpKind::kSum;
+  alignas(8) unsigned char scalar[8] = {};  // PreMulSum scalar read at creation (host immediate)
+  const void* scalar_ptr = nullptr;         // PreMulSum scalar read when the op starts
+};
+
+// One NCCL call, arguments validated.
+struct CollCall {
+  CollKind kind = CollKind::kAllReduce;
+  const void* sendbuf = nullptr;
+  void* recvbuf = nullptr;
+  size_t count = 0;
+  DataType dtype = DataType::kFloat32;
+  RedOp op;
+  int root = -1;  // root of rooted collectives; peer of Send/Recv
+  MsgTag tag;     // assigned when queued
+};
+
+class Op {
+ public:
+  Op(Comm* comm, std::vector<CollCall> calls, bool p2p_batch)
+      : comm_(comm), calls_(std::move(calls)), p2p_batch_(p2p_batch) {}
+  // A host function queued on a stream (no comm).
+  explicit Op(std::function<void()> host_fn) : host_fn_(std::move(host_fn)) {}
+  // An internal operation (e.g. the exchange of a split): runs `body`, tagged as internal.
+  using Body = std::function<Task(OpContext&)>;
+  Op(Comm* comm, std::string description, Body body)
+      : comm_(comm), calls_(1), internal_(std::move(description)), body_(std::move(body)) {
+    calls_.front().kind = CollKind::kInternal;
+  }
+
+  Comm* comm() const { return comm_; }
+  std::vector<CollCall>& calls() { return calls_; }
+  const std::vector<CollCall>& calls() const { return calls_; }
+  bool p2p_batch() const { return p2p_batch_; }
+  bool is_host_fn() const { return static_cast<bool>(host_fn_); }
+  bool is_internal() const { return static_cast<bool>(body_); }
+  const Body& body() const { return body_; }
+  void run_host_fn() { host_fn_(); }
+  // "AllReduce #12 (count 1024, float, sum)" or "group of 3 sends/receives".
+  std::string describe() const;
+
+  // Operations that must complete before this one starts (stream order).
+  std::vector<std::shared_ptr<Op>>& deps() { return deps_; }
+  bool deps_done() const;
+  // Streams this op was queued on (to report errors to).
+  std::vector<Stream*>& streams() { return streams_; }
+
+  bool done() const { return done_.load(std::memory_order_acquire) != 0; }
+  WaitCond done_cond() const { return WaitCond{&done_, 1}; }
+  // Valid once done().
+  const Status& status() const { return status_; }
+  // Sets the final status and publishes done (release): once, by the driving thread.
+  void complete(Status status);
+
+  // Execution state, touched only by the thread holding the comm's drive lock.
+  std::unique_ptr<FiberSet> fibers;
+  int64_t last_progress_ns = 0;
+  bool started = false;
+
+ private:
+  Comm* comm_ = nullptr;
+  std::vector<CollCall> calls_;
+  bool p2p_batch_ = false;
+  std::function<void()> host_fn_;
+  std::string internal_;
+  Body body_;
+  std::vector<std::shared_ptr<Op>> deps_;
+  std::vector<Stream*> streams_;
+  std::atomic<uint32_t> done_{0};
+  Status status_;
+};
+
+// What an algorithm sees: the comm, its rank, and helpers to post and await transfers.
+class OpContext {
+ public:
+  OpContext(Comm& comm, const MsgTag& tag);
+
+  Comm& comm() const { return comm_; }
+  int rank() const { return rank_; }
+  int nranks() const { return nranks_; }
+  int channels() const { return channels_; }
+  const MsgTag& tag() const { return tag_; }
+
+  void send(SendRequest& req, int peer, int channel, const void* buf, size_t bytes);
+  void recv(RecvRequest& req, int peer, int channel, void* dst, size_t bytes);
+  // dst[i] = fn(src[i], incoming[i]); dst may equal src.
+  void recv_reduce(RecvRequest& req, int peer, int channel, void* dst, const void* src,
+                   size_t bytes, kernels::ReduceFn fn, size_t elem_size);
+  // Same as send/recv with an explicit tag (send/receive batches tag each call).
+  void send_tagged(SendRequest& req, int peer, int channel, const void* buf, size_t bytes,
+                   const MsgTag& tag);
+  void recv_tagged(RecvRequest& req, int peer, int channel, void* dst, size_t bytes,
+                   const MsgTag& tag);
+
+  // `CHORUS_CO_RETURN_IF_ERROR(co_await ctx.wait(req))`: parks until req completes, then
+  // yields OK or the error of its connection.
+  struct Awaiter {
+    const OpContext* ctx;
+    const Request* req;
+    bool await_ready() const { return req->done(); }
+    void await_suspend(std::coroutine_handle<> h) const {
+      Fiber::current()->park(h, WaitCond{&req->state, Request::kDone}, req);
+    }
+    Status await_resume() const { return ctx->check(*req); }
+  };
+  Awaiter wait(const Request& req) const { return Awaiter{this, &req}; }
+  Status check(const Request& req) const;
+
+  void* scratch(int slot, size_t bytes);
+
+ private:
+  void post(Request& req, int peer, size_t bytes, const MsgTag& tag);
+  Comm& comm_;
+  int rank_;
+  int nranks_;
+  int channels_;
+  MsgTag tag_;
+};
+
+}  // namespace chorus

@@ -1,0 +1,83 @@
+// SPDX-License-Identifier: Apache-2.0
+// File: tests/mp/mp_worker.cc
+// One rank of a multi-process test, started by the launcher (chorus-run's library):
+//   chorus_mp_worker matrix [max_count]   every collective x datatype x op x count, in place and
+//                                         not, on this process's rank; exit 0 iff all correct.
+#include <chorus/launch.h>
+#include <fmt/format.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+#include "support/coll_check.h"
+
+using namespace chorus::test;
+
+namespace {
+
+int run_matrix(ncclComm_t comm, int rank, int nranks, size_t max_count, bool streams) {
+  const Coll colls[] = {Coll::kAllReduce, Coll::kReduceScatter, Coll::kAllGather,
+                        Coll::kBroadcast, Coll::kReduce,        Coll::kAlltoAll,
+                        Coll::kGather,    Coll::kScatter,       Coll::kSendRecv};
+  const size_t counts[] = {0, 1, 7, 1023, max_count};
+  cudaStream_t stream = nullptr;
+  if (streams && chorusStreamCreate(&stream) != ncclSuccess) return 3;
+  int failures = 0, cases = 0;
+  for (Coll coll : colls) {
+    for (ncclDataType_t dtype : all_datatypes()) {
+      for (int op = 0; op < (coll_reduces(coll) ? kNumTestOps : 1); ++op) {
+        for (size_t count : counts) {
+          for (int in_place = 0; in_place < (coll == Coll::kSendRecv ? 1 : 2); ++in_place) {
+            Case c;
+            c.coll = coll;
+            c.dtype = dtype;
+            c.op = op;
+            c.count = count;
+            c.in_place = in_place != 0;
+            c.root = coll_rooted(coll) ? static_cast<int>((dtype + count + op) % nranks) : 0;
+            c.stream = stream;
+            std::string error = run_case(comm, c);
+            ++cases;
+            if (!error.empty()) {
+              if (++failures <= 5) fmt::print(stderr, "rank {}: {}: {}\n", rank, c.describe(), error);
+              if (error.find("returned") != std::string::npos) return 1;  // the comm is broken
+            }
+          }
+        }
+      }
+    }
+  }
+  if (stream) chorusStreamDestroy(stream);
+  if (rank == 0) fmt::print("rank 0: {} cases, {} failures\n", cases, failures);
+  return failures == 0 ? 0 : 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2) {
+    fmt::print(stderr, "usage: {} matrix|stream-matrix [max_count]\n", argv[0]);
+    return 2;
+  }
+  ncclUniqueId id;
+  int rank = 0, nranks = 0;
+  if (chorusLaunchInfo(&id, &rank, &nranks) != ncclSuccess) {
+    fmt::print(stderr, "{}\n", ncclGetLastError(nullptr));
+    return 2;
+  }
+  ncclComm_t comm;
+  if (ncclCommInitRank(&comm, nranks, id, rank) != ncclSuccess) {
+    fmt::print(stderr, "rank {}: ncclCommInitRank: {}\n", rank, ncclGetLastError(nullptr));
+    return 1;
+  }
+  size_t max_count = argc > 2 ? std::strtoull(argv[2], nullptr, 0) : 100003;
+  int rc = 2;
+  if (std::strcmp(argv[1], "matrix") == 0) rc = run_matrix(comm, rank, nranks, max_count, false);
+  if (std::strcmp(argv[1], "stream-matrix") == 0) rc = run_matrix(comm, rank, nranks, max_count, true);
+  if (ncclCommDestroy(comm) != ncclSuccess) {
+    fmt::print(stderr, "rank {}: ncclCommDestroy: {}\n", rank, ncclGetLastError(nullptr));
+    return 1;
+  }
+  return rc;
+}

@@ -1,0 +1,368 @@
+// SPDX-License-Identifier: Apache-2.0
+// File: tests/unit/tcp_transport_test.cc
+// TCP transport: ranks as threads of this process, each with its own loopback listener,
+// connect, exchange messages of many sizes, reduce on receive, and report mismatches, peers
+// that go away and intruders.
+#include "transports/tcp/tcp_transport.h"
+
+#include <catch2/catch.hpp>
+#include <cstring>
+#include <functional>
+#include <numeric>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "bootstrap/auth.h"
+#include "bootstrap/wire.h"
+#include "common/dtype.h"
+#include "kernels/reduce/reduce.h"
+
+namespace chorus::tcp {
+namespace {
+
+constexpr uint64_t kUid = 0xc0ffee;
+
+// Ranks 0..n-1 of this process, each connected to every other one.
+struct Group {
+  std::vector<std::unique_ptr<TcpListener>> listeners;
+  std::vector<TcpSetup> setups;
+  std::vector<TcpConnections> conns;  // [rank][peer index][channel]
+
+  Connection* get(int from, int to, int channel = 0) {
+    const auto& peers = setups[from].peers;
+    for (size_t i = 0; i < peers.size(); ++i) {
+      if (peers[i].rank == to) return conns[from][i][channel].get();
+    }
+    return nullptr;
+  }
+  void close(int from, int to) {
+    const auto& peers = setups[from].peers;
+    for (size_t i = 0; i < peers.size(); ++i) {
+      if (peers[i].rank == to) conns[from][i].clear();
+    }
+  }
+};
+
+std::unique_ptr<TcpListener> loopback_listener() {
+  auto addr = net::SockAddr::parse("127.0.0.1", 0);
+  REQUIRE(addr.ok());
+  auto listener = TcpListener::create(*addr);
+  REQUIRE(listener.ok());
+  return std::move(listener).value();
+}
+
+std::vector<TcpSetup> make_setups(const std::vector<std::unique_ptr<TcpListener>>& listeners,
+                                  const bootstrap::Secret& secret, int channels, size_t bounce) {
+  int n = static_cast<int>(listeners.size());
+  std::vector<TcpSetup> setups(n);
+  for (int r = 0; r < n; ++r) {
+    TcpSetup& s = setups[r];
+    s.rank = r;
+    s.comm_uid = kUid;
+    s.secret = secret;
+    s.channels = channels;
+    s.bounce_bytes = bounce;
+    s.listener = listeners[r].get();
+    s.deadline = Deadline::after_ms(10000);
+    for (int p = 0; p < n; ++p) {
+      if (p != r) s.peers.push_back(TcpPeer{p, listeners[p]->address()});
+    }
+  }
+  return setups;
+}
+
+// Runs connect_all for every rank concurrently; statuses come back to the main thread.
+std::vector<Status> run_setups(std::vector<TcpSetup>& setups, std::vector<TcpConnections>* out) {
+  size_t n = setups.size();
+  std::vector<Status> status(n);
+  out->resize(n);
+  std::vector<std::thread> threads;
+  for (size_t r = 0; r < n; ++r) {
+    threads.emplace_back([&, r] {
+      auto conns = connect_all(setups[r]);
+      if (conns.ok())
+        (*out)[r] = std::move(conns).value();
+      else
+        status[r] = conns.take_status();
+    });
+  }
+  for (auto& t : threads) t.join();
+  return status;
+}
+
+Group make_group(int n, int channels = 1, size_t bounce = 1 << 20) {
+  Group g;
+  for (int r = 0; r < n; ++r) g.listeners.push_back(loopback_listener());
+  g.setups = make_setups(g.listeners, bootstrap::Secret::random(), channels, bounce);
+  for (const Status& st : run_setups(g.setups, &g.conns)) {
+    INFO(st.to_string());
+    REQUIRE(st.ok());
+  }
+  return g;
+}
+
+// Posts the requests on `conn` and progresses it until all are done or 20 s pass.
+bool drive(Connection* conn, const std::vector<SendRequest*>& sends,
+           const std::vector<RecvRequest*>& recvs) {
+  for (auto* s : sends) conn->post_send(s);
+  for (auto* r : recvs) conn->post_recv(r);
+  Deadline deadline = Deadline::after_ms(20000);
+  auto all_done = [&] {
+    for (auto* s : sends)
+      if (!s->done()) return false;
+    for (auto* r : recvs)
+      if (!r->done()) return false;
+    return true;
+  };
+  while (!all_done()) {
+    if (deadline.expired()) return false;
+    if (!conn->progress()) {
+      short events = 0;
+      int fd = conn->poll_fd(&events);
+      if (fd >= 0) {
+        pollfd pfd{fd, events, 0};
+        poll(&pfd, 1, 10);
+      }
+    }
+  }
+  return true;
+}
+
+MsgTag tag_of(CollKind coll, uint32_t seq, uint64_t count, DataType dtype = DataType::kUint8,
+              RedOpKind op = RedOpKind::kSum) {
+  MsgTag tag;
+  tag.seq = seq;
+  tag.coll = static_cast<uint8_t>(coll);
+  tag.dtype = static_cast<uint8_t>(dtype);
+  tag.redop = static_cast<uint8_t>(op);
+  tag.count = count;
+  return tag;
+}
+
+std::vector<uint8_t> pattern(size_t bytes, uint8_t seed) {
+  std::vector<uint8_t> v(bytes);
+  for (size_t i = 0; i < bytes; ++i) v[i] = static_cast<uint8_t>(seed + i * 7 + (i >> 11));
+  return v;
+}
+
+// Requests are not copyable: they are filled in place.
+void init(SendRequest* s, const void* buf, size_t bytes, const MsgTag& tag) {
+  s->buf = buf;
+  s->bytes = bytes;
+  s->tag = tag;
+}
+
+void init(RecvRequest* r, void* dst, size_t bytes, const MsgTag& tag) {
+  r->dst = dst;
+  r->bytes = bytes;
+  r->tag = tag;
+}
+
+}  // namespace
+
+TEST_CASE("tcp: messages of many sizes cross in both directions", "[unit][tcp]") {
+  Group g = make_group(2);
+  for (size_t bytes : {size_t{0}, size_t{1}, size_t{7}, size_t{4096}, (size_t{3} << 20) + 5}) {
+    INFO("bytes " << bytes);
+    MsgTag tag = tag_of(CollKind::kSendRecv, 1, bytes);
+    std::vector<uint8_t> a = pattern(bytes, 1), b = pattern(bytes, 2);
+    std::vector<uint8_t> at0(bytes), at1(bytes);
+    SendRequest s0, s1;
+    RecvRequest r0, r1;
+    init(&s0, a.data(), bytes, tag);
+    init(&s1, b.data(), bytes, tag);
+    init(&r0, at0.data(), bytes, tag);
+    init(&r1, at1.data(), bytes, tag);
+    bool ok1 = false;
+    std::thread t([&] { ok1 = drive(g.get(1, 0), {&s1}, {&r1}); });
+    bool ok0 = drive(g.get(0, 1), {&s0}, {&r0});
+    t.join();
+    REQUIRE(ok0);
+    REQUIRE(ok1);
+    CHECK_FALSE(s0.failed());
+    CHECK_FALSE(r0.failed());
+    CHECK(at0 == b);
+    CHECK(at1 == a);
+    CHECK(r0.bytes_done.load() == bytes);
+    CHECK(g.get(0, 1)->idle());
+  }
+}
+
+TEST_CASE("tcp: queued sends and receives match in posting order", "[unit][tcp]") {
+  Group g = make_group(3, 2);
+  const int kMessages = 12;
+  std::vector<std::vector<uint8_t>> payloads, received(kMessages);
+  std::vector<SendRequest> sends(kMessages);
+  std::vector<RecvRequest> recvs(kMessages);
+  for (int i = 0; i < kMessages; ++i) {
+    size_t bytes = static_cast<size_t>(i * i * 997) % 300000;
+    payloads.push_back(pattern(bytes, static_cast<uint8_t>(i)));
+    received[i].resize(bytes);
+    MsgTag tag = tag_of(CollKind::kAllGather, i, bytes);
+    init(&sends[i], payloads[i].data(), bytes, tag);
+    init(&recvs[i], received[i].data(), bytes, tag);
+  }
+  std::vector<SendRequest*> sp;
+  std::vector<RecvRequest*> rp;
+  for (int i = 0; i < kMessages; ++i) {
+    sp.push_back(&sends[i]);
+    rp.push_back(&recvs[i]);
+  }
+  // Rank 2 streams to rank 1 on channel 1.
+  bool ok_recv = false;
+  std::thread t([&] { ok_recv = drive(g.get(1, 2, 1), {}, rp); });
+  bool ok_send = drive(g.get(2, 1, 1), sp, {});
+  t.join();
+  REQUIRE(ok_send);
+  REQUIRE(ok_recv);
+  for (int i = 0; i < kMessages; ++i) CHECK(received[i] == payloads[i]);
+}
+
+TEMPLATE_TEST_CASE("tcp: reducing receives combine through a small bounce buffer", "[unit][tcp]",
+                   float, int32_t) {
+  constexpr bool kFloat = std::is_same_v<TestType, float>;
+  DataType dtype = kFloat ? DataType::kFloat32 : DataType::kInt32;
+  auto op = kFloat ? kernels::ReduceOp::kSum : kernels::ReduceOp::kMax;
+  // 4099 bytes: not a multiple of the element size, so elements straddle refills.
+  Group g = make_group(2, 1, 4099);
+  for (bool in_place : {false, true}) {
+    const size_t count = 300001;
+    std::vector<TestType> incoming(count), mine(count), out(count), expected(count);
+    for (size_t i = 0; i < count; ++i) {
+      incoming[i] = static_cast<TestType>(static_cast<int>(i % 1000) - 500);
+      mine[i] = static_cast<TestType>(static_cast<int>((i * 7) % 1000) - 500);
+      expected[i] = kFloat ? mine[i] + incoming[i] : std::max(mine[i], incoming[i]);
+    }
+    if (in_place) out = mine;
+    size_t bytes = count * sizeof(TestType);
+    MsgTag tag =
+        tag_of(CollKind::kAllReduce, 3, count, dtype, kFloat ? RedOpKind::kSum : RedOpKind::kMax);
+    SendRequest s;
+    init(&s, incoming.data(), bytes, tag);
+    RecvRequest r;
+    init(&r, out.data(), bytes, tag);
+    r.src = in_place ? out.data() : mine.data();
+    r.reduce = kernels::reduce_fn(dtype, op);
+    r.elem_size = sizeof(TestType);
+    bool ok_send = false;
+    std::thread t([&] { ok_send = drive(g.get(0, 1), {&s}, {}); });
+    bool ok_recv = drive(g.get(1, 0), {}, {&r});
+    t.join();
+    REQUIRE(ok_send);
+    REQUIRE(ok_recv);
+    REQUIRE_FALSE(r.failed());
+    CHECK(out == expected);
+  }
+}
+
+TEST_CASE("tcp: a tag mismatch names both operations", "[unit][tcp]") {
+  Group g = make_group(2);
+  std::vector<float> data(8, 1.0f), dst(8);
+  SendRequest s;
+  init(&s, data.data(), 32, tag_of(CollKind::kAllGather, 5, 8, DataType::kFloat32));
+  RecvRequest r;
+  init(&r, dst.data(), 32, tag_of(CollKind::kAllReduce, 5, 8, DataType::kFloat32, RedOpKind::kSum));
+  bool ok_send = drive(g.get(1, 0), {&s}, {});
+  REQUIRE(ok_send);
+  REQUIRE(drive(g.get(0, 1), {}, {&r}));
+  CHECK(r.failed());
+  Status st = g.get(0, 1)->error();
+  CHECK(st.code() == Code::kInvalidUsage);
+  CHECK_THAT(st.message(), Catch::Contains("rank 1 sent AllGather #5"));
+  CHECK_THAT(st.message(), Catch::Contains("rank 0 expects AllReduce #5"));
+  // The connection is unusable afterwards: new requests fail at once.
+  RecvRequest again;
+  init(&again, dst.data(), 32, r.tag);
+  g.get(0, 1)->post_recv(&again);
+  CHECK(again.failed());
+}
+
+TEST_CASE("tcp: a peer that closes fails pending receives and sends", "[unit][tcp]") {
+  Group g = make_group(3);
+  // Rank 1 waits for a message that rank 0 never sends.
+  std::vector<uint8_t> dst(1000);
+  RecvRequest r;
+  init(&r, dst.data(), dst.size(), tag_of(CollKind::kBroadcast, 9, 1000));
+  g.close(0, 1);
+  REQUIRE(drive(g.get(1, 0), {}, {&r}));
+  CHECK(r.failed());
+  Status st = g.get(1, 0)->error();
+  CHECK(st.code() == Code::kRemoteError);
+  CHECK_THAT(st.message(), Catch::Contains("rank 0 ("));
+  CHECK_THAT(st.message(), Catch::Contains("closed the connection"));
+  CHECK_THAT(st.message(), Catch::Contains("Broadcast #9"));
+
+  // Rank 2 streams far more than the socket buffers hold to rank 1, which goes away.
+  std::vector<uint8_t> big(64 << 20, 0x11);
+  SendRequest s;
+  init(&s, big.data(), big.size(), tag_of(CollKind::kSend, 1, big.size()));
+  g.close(1, 2);
+  REQUIRE(drive(g.get(2, 1), {&s}, {}));
+  CHECK(s.failed());
+  CHECK(g.get(2, 1)->error().code() == Code::kRemoteError);
+  CHECK_THAT(g.get(2, 1)->error().message(), Catch::Contains("rank 1 ("));
+}
+
+TEST_CASE("tcp: intruders are dropped while the ranks connect", "[unit][tcp]") {
+  std::vector<std::unique_ptr<TcpListener>> listeners;
+  for (int r = 0; r < 2; ++r) listeners.push_back(loopback_listener());
+  bootstrap::Secret secret = bootstrap::Secret::random();
+  auto setups = make_setups(listeners, secret, 2, 1 << 20);
+  const net::SockAddr target = listeners[1]->address();  // rank 1 accepts from rank 0
+  // Rank 1 starts accepting; rank 0 only starts once the intruders have been judged.
+  Result<TcpConnections> rank1(internal_error("not run"));
+  std::thread accepting([&] { rank1 = connect_all(setups[1]); });
+  Status wrong_secret, bad_ident;
+  {
+    auto fd = net::connect_socket(target, Deadline::after_ms(3000));
+    REQUIRE(fd.ok());
+    wrong_secret = bootstrap::auth_initiator(fd->get(), bootstrap::Secret::random(),
+                                             auth_context(kUid), Deadline::after_ms(3000));
+  }
+  {
+    // The right secret, but an identity that is not an expected peer: refused after auth.
+    auto fd = net::connect_socket(target, Deadline::after_ms(3000));
+    REQUIRE(fd.ok());
+    REQUIRE(
+        bootstrap::auth_initiator(fd->get(), secret, auth_context(kUid), Deadline::after_ms(3000))
+            .ok());
+    uint8_t ident[24] = {};
+    bootstrap::wire::put_u32(ident, 0x43485449);
+    bootstrap::wire::put_u32(ident + 4, 7);  // rank 7 does not exist
+    bootstrap::wire::put_u64(ident + 16, kUid);
+    uint8_t ack[8] = {};
+    bad_ident = net::send_all(fd->get(), ident, sizeof(ident), Deadline::after_ms(3000));
+    if (bad_ident.ok())
+      bad_ident = net::recv_all(fd->get(), ack, sizeof(ack), Deadline::after_ms(3000));
+    if (bad_ident.ok() && bootstrap::wire::get_u32(ack + 4) != 0)
+      bad_ident = remote_error("refused");
+  }
+  auto rank0 = connect_all(setups[0]);
+  accepting.join();
+  CHECK(wrong_secret.code() == Code::kRemoteError);
+  CHECK_THAT(wrong_secret.message(), Catch::Contains("authentication failed"));
+  CHECK_FALSE(bad_ident.ok());
+  INFO(rank0.status().to_string() << " / " << rank1.status().to_string());
+  REQUIRE(rank0.ok());
+  REQUIRE(rank1.ok());
+  REQUIRE(rank1->size() == 1);
+  CHECK(rank1->at(0).size() == 2);
+  CHECK(rank1->at(0)[1] != nullptr);
+}
+
+TEST_CASE("tcp: a missing peer times out with a message naming it", "[unit][tcp]") {
+  std::vector<std::unique_ptr<TcpListener>> listeners;
+  for (int r = 0; r < 3; ++r) listeners.push_back(loopback_listener());
+  auto setups = make_setups(listeners, bootstrap::Secret::random(), 1, 1 << 20);
+  // Rank 1 alone: rank 0 never connects to it, rank 2 never accepts.
+  setups[1].deadline = Deadline::after_ms(400);
+  auto result = connect_all(setups[1]);
+  REQUIRE_FALSE(result.ok());
+  CHECK(result.status().code() == Code::kRemoteError);
+  CHECK_THAT(result.status().message(), Catch::Contains("rank 0 ("));
+  CHECK_THAT(result.status().message(), Catch::Contains("rank 2 ("));
+  CHECK_THAT(result.status().message(), Catch::Contains("CHORUS_CONNECT_TIMEOUT_MS"));
+}
+
+}  // namespace chorus::tcp

@@ -1,0 +1,76 @@
+// SPDX-License-Identifier: Apache-2.0
+// File: tools/chorus_info.cc
+// chorus-info: what this Chorus build and this host offer — version, kernels, transports and
+// network interfaces, the hwloc topology, and every parameter with its value and description.
+//   chorus-info            everything
+//   chorus-info --params   parameters only
+#include <chorus/chorus.h>
+#include <fmt/format.h>
+
+#include <cstring>
+
+#include "bootstrap/socket.h"
+#include "common/params.h"
+#include "core/process.h"
+#include "kernels/reduce/reduce.h"
+#include "topo/topology.h"
+
+#if CHORUS_HAVE_VERBS
+#include <infiniband/verbs.h>
+#endif
+
+namespace {
+
+void print_params() {
+  fmt::print("Parameters (CHORUS_<NAME>, NCCL_<alias> where NCCL has the same meaning):\n");
+  for (const chorus::params::Param* p : chorus::params::all()) {
+    std::string alias = p->nccl_alias() ? fmt::format(" (NCCL_{})", p->nccl_alias()) : "";
+    fmt::print("  {:<28} = {:<12} [{}; default {}]{}\n      {}\n", p->env_name(), p->value_string(),
+               p->source(), p->default_string(), alias, p->description());
+  }
+}
+
+void print_transports() {
+  using namespace chorus;
+  fmt::print("Transports:\n");
+  fmt::print("  direct  ranks in one process: receiver copies/reduces from the sender's memory\n");
+  fmt::print("  shm     ranks of one host: memfd FIFOs, futex doorbells\n");
+  auto ifaces = net::list_interfaces();
+  auto picked = net::pick_interface();
+  fmt::print("  tcp     any host; interface {}\n",
+             picked.ok() ? fmt::format("{} {}", picked->name, picked->addr.to_string())
+                         : picked.status().message());
+  if (ifaces.ok()) {
+    for (const auto& i : *ifaces)
+      fmt::print("          candidate {} {}{}\n", i.name, i.addr.to_string(), i.loopback ? " (loopback)" : "");
+  }
+#if CHORUS_HAVE_VERBS
+  int n = 0;
+  ibv_device** devs = ibv_get_device_list(&n);
+  fmt::print("  rdma    {} ibverbs device(s){} (the verbs transport is not built yet)\n", n,
+             n > 0 ? fmt::format(", first {}", ibv_get_device_name(devs[0])) : "");
+  if (devs) ibv_free_device_list(devs);
+#endif
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  bool params_only = argc > 1 && std::strcmp(argv[1], "--params") == 0;
+  if (argc > 1 && !params_only) {
+    fmt::print(stderr, "usage: {} [--params]\n", argv[0]);
+    return 2;
+  }
+  if (!params_only) {
+    chorus::ProcessContext& process = chorus::ProcessContext::get();
+    fmt::print("{}\n", chorusBuildInfo());
+    fmt::print("Kernels: {}\n", chorus::kernels::kernels().isa);
+    fmt::print("Host: {} (host id {:#018x})\n", process.hostname(), process.host_hash());
+    auto topo = chorus::topo::load_summary();
+    fmt::print("Topology (hwloc): {}\n",
+               topo.ok() ? topo->to_string() : topo.status().message());
+    print_transports();
+  }
+  print_params();
+  return 0;
+}

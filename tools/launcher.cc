@@ -1,0 +1,128 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "tools/launcher.h"
+
+#include <chorus/launch.h>
+#include <fmt/format.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <thread>
+
+#include "common/clock.h"
+
+extern char** environ;
+
+namespace chorus::launch {
+
+bool RankExit::ok() const { return !killed_by_us && WIFEXITED(status) && WEXITSTATUS(status) == 0; }
+
+int RankExit::exit_code() const {
+  if (WIFEXITED(status)) return WEXITSTATUS(status);
+  if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
+  return 1;
+}
+
+std::string RankExit::describe() const {
+  if (killed_by_us) return fmt::format("rank {} (pid {}) was stopped by the launcher", rank, pid);
+  if (WIFEXITED(status)) return fmt::format("rank {} (pid {}) exited with {}", rank, pid, WEXITSTATUS(status));
+  if (WIFSIGNALED(status))
+    return fmt::format("rank {} (pid {}) was killed by signal {} ({})", rank, pid, WTERMSIG(status),
+                       strsignal(WTERMSIG(status)));
+  return fmt::format("rank {} (pid {}) ended with status {:#x}", rank, pid, status);
+}
+
+namespace {
+
+std::vector<std::string> rank_environment(const Options& o, const std::string& id_hex, int rank) {
+  std::vector<std::string> env;
+  auto ours = [](const char* e) {
+    for (const char* p : {"CHORUS_UNIQUE_ID=", "CHORUS_RANK=", "CHORUS_NRANKS=", "CHORUS_LOCAL_RANK=",
+                          "RANK=", "WORLD_SIZE=", "LOCAL_RANK=", "LOCAL_WORLD_SIZE="})
+      if (std::strncmp(e, p, std::strlen(p)) == 0) return true;
+    return false;
+  };
+  for (char** e = environ; *e != nullptr; ++e)
+    if (!ours(*e)) env.emplace_back(*e);
+  for (const auto& e : o.env) env.push_back(e);
+  env.push_back("CHORUS_UNIQUE_ID=" + id_hex);
+  for (const char* name : {"CHORUS_RANK=", "RANK=", "CHORUS_LOCAL_RANK=", "LOCAL_RANK="})
+    env.push_back(name + std::to_string(rank));
+  for (const char* name : {"CHORUS_NRANKS=", "WORLD_SIZE=", "LOCAL_WORLD_SIZE="})
+    env.push_back(name + std::to_string(o.nranks));
+  return env;
+}
+
+void stop_all(std::vector<RankExit>& ranks, const std::vector<bool>& done) {
+  for (size_t r = 0; r < ranks.size(); ++r)
+    if (!done[r]) {
+      kill(ranks[r].pid, SIGTERM);
+      ranks[r].killed_by_us = true;
+    }
+}
+
+}  // namespace
+
+Result<std::vector<RankExit>> run(const Options& o) {
+  if (o.nranks < 1 || o.argv.empty()) return invalid_argument("need at least one rank and a program");
+  ncclUniqueId id;
+  if (ncclGetUniqueId(&id) != ncclSuccess)
+    return Status(Code::kSystemError, fmt::format("ncclGetUniqueId: {}", ncclGetLastError(nullptr)));
+  char hex[CHORUS_UNIQUE_ID_HEX_BYTES];
+  chorusUniqueIdToHex(&id, hex);
+  std::vector<RankExit> ranks(o.nranks);
+  std::vector<bool> done(o.nranks, false);
+  std::vector<char*> argv;
+  for (const auto& a : o.argv) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  for (int r = 0; r < o.nranks; ++r) {
+    std::vector<std::string> env = rank_environment(o, hex, r);
+    std::vector<char*> envp;
+    for (auto& e : env) envp.push_back(e.data());
+    envp.push_back(nullptr);
+    ranks[r].rank = r;
+    int err = posix_spawnp(&ranks[r].pid, argv[0], nullptr, nullptr, argv.data(), envp.data());
+    if (err != 0) {
+      stop_all(ranks, done);
+      for (int k = 0; k < r; ++k) waitpid(ranks[k].pid, &ranks[k].status, 0);
+      return system_error(err, fmt::format("cannot start {}", o.argv[0]));
+    }
+  }
+  Deadline deadline = o.timeout_ms > 0 ? Deadline::after_ms(o.timeout_ms) : Deadline::never();
+  int remaining = o.nranks;
+  bool stopping = false;
+  int64_t stop_ns = 0;
+  while (remaining > 0) {
+    int status = 0;
+    pid_t pid = waitpid(-1, &status, WNOHANG);
+    if (pid > 0) {
+      for (int r = 0; r < o.nranks; ++r) {
+        if (ranks[r].pid != pid || done[r]) continue;
+        done[r] = true;
+        ranks[r].status = status;
+        --remaining;
+        if (!stopping && !(WIFEXITED(status) && WEXITSTATUS(status) == 0)) {
+          stopping = true;  // one rank failed: the others would wait for it in vain
+          stop_ns = now_ns();
+          stop_all(ranks, done);
+        }
+      }
+      continue;
+    }
+    if (!stopping && deadline.expired()) {
+      stopping = true;
+      stop_ns = now_ns();
+      stop_all(ranks, done);
+    }
+    if (stopping && now_ns() - stop_ns > 2000000000) {
+      for (int r = 0; r < o.nranks; ++r)
+        if (!done[r]) kill(ranks[r].pid, SIGKILL);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return ranks;
+}
+
+}  // namespace chorus::launch

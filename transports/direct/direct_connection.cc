@@ -1,0 +1,115 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "transports/direct/direct_connection.h"
+
+#include <cstring>
+
+#include "core/process.h"
+
+namespace chorus::direct {
+
+DirectConnection::DirectConnection(int my_rank, int peer, int channel, std::shared_ptr<Inbox> out,
+                                   std::shared_ptr<Inbox> in)
+    : Connection(peer, channel), my_rank_(my_rank), out_(std::move(out)), in_(std::move(in)) {}
+
+DirectConnection::~DirectConnection() {
+  // Whatever the peer still queued for us fails; so do our sends it has not consumed (their
+  // buffers may go away with us).
+  Status why = remote_error("rank {} has left the communicator", my_rank_);
+  for (Inbox* box : {in_.get(), out_.get()}) {
+    std::lock_guard<std::mutex> lock(box->mutex);
+    if (!box->closed) close_locked(box, why);
+  }
+  ProcessContext::get().ring_local();
+}
+
+void DirectConnection::close_locked(Inbox* box, const Status& why) {
+  box->closed = true;
+  box->closed_by = my_rank_;
+  box->error = why;
+  for (SendRequest* s : box->sends) s->fail();
+  box->sends.clear();
+}
+
+void DirectConnection::post_send(SendRequest* req) {
+  {
+    std::lock_guard<std::mutex> lock(out_->mutex);
+    if (!out_->closed) {
+      out_->sends.push_back(req);
+      sends_.push_back(req);
+      ProcessContext::get().ring_local();
+      return;
+    }
+    set_error(out_->error);
+  }
+  req->fail();
+}
+
+void DirectConnection::post_recv(RecvRequest* req) {
+  if (!error().ok()) {
+    req->fail();
+    return;
+  }
+  recvs_.push_back(req);
+}
+
+bool DirectConnection::consume_one() {
+  std::lock_guard<std::mutex> lock(in_->mutex);
+  if (in_->closed) {
+    fail_all(in_->error);
+    return true;
+  }
+  if (in_->sends.empty()) return false;
+  SendRequest* s = in_->sends.front();
+  RecvRequest* r = recvs_.front();
+  if (s->tag != r->tag || s->bytes != r->bytes) {
+    // Both sides learn why: the sender through the closed inbox.
+    Status why = invalid_usage("rank {} sent {} ({} bytes) but rank {} expects {} ({} bytes)",
+                               peer(), describe_tag(s->tag), s->bytes, my_rank_,
+                               describe_tag(r->tag), r->bytes);
+    close_locked(in_.get(), why);
+    fail_all(why);
+    ProcessContext::get().ring_local();
+    return true;
+  }
+  if (r->reduce != nullptr) {
+    if (r->bytes > 0) r->reduce(r->dst, r->src, s->buf, r->bytes / r->elem_size);
+  } else if (r->bytes > 0 && r->dst != s->buf) {
+    std::memcpy(r->dst, s->buf, r->bytes);
+  }
+  in_->sends.pop_front();
+  s->bytes_done.store(s->bytes, std::memory_order_relaxed);
+  r->bytes_done.store(r->bytes, std::memory_order_relaxed);
+  s->complete();
+  r->complete();
+  recvs_.pop_front();
+  ProcessContext::get().ring_local();  // the sender may be asleep waiting for s
+  return true;
+}
+
+bool DirectConnection::progress() {
+  bool moved = false;
+  while (!recvs_.empty() && consume_one()) moved = true;
+  while (!sends_.empty() && sends_.front()->done()) {
+    if (sends_.front()->failed()) {
+      std::lock_guard<std::mutex> lock(out_->mutex);
+      set_error(out_->error);
+      for (SendRequest* s : sends_) s->fail();
+      sends_.clear();
+      return true;
+    }
+    sends_.pop_front();
+    moved = true;
+  }
+  return moved;
+}
+
+bool DirectConnection::idle() const { return recvs_.empty() && sends_.empty(); }
+
+void DirectConnection::fail_all(Status status) {
+  set_error(std::move(status));
+  for (RecvRequest* r : recvs_) r->fail();
+  recvs_.clear();
+  // Our own queued sends are failed by whoever closes; the peer's were consumed or failed.
+}
+
+}  // namespace chorus::direct

@@ -1,0 +1,51 @@
+// SPDX-License-Identifier: Apache-2.0
+// File: transports/direct/direct_connection.h
+// A connection between two ranks of one process (see direct_transport.h).
+#pragma once
+
+#include <deque>
+#include <memory>
+#include <mutex>
+
+#include "transports/transport.h"
+
+namespace chorus::direct {
+
+// Descriptors of posted sends, from one sender to one receiver on one channel. Either side may
+// close it (its comm went away): queued sends then fail, and new ones fail at once.
+class Inbox {
+ public:
+  std::mutex mutex;                 // guards everything below; held while copying one message
+  std::deque<SendRequest*> sends;   // in posting order
+  bool closed = false;
+  int closed_by = -1;               // rank that closed it
+  Status error;                     // why it was closed, for the other side
+};
+
+class DirectConnection final : public Connection {
+ public:
+  DirectConnection(int my_rank, int peer, int channel, std::shared_ptr<Inbox> out,
+                   std::shared_ptr<Inbox> in);
+  ~DirectConnection() override;
+
+  void post_send(SendRequest* req) override;
+  void post_recv(RecvRequest* req) override;
+  bool progress() override;
+  bool idle() const override;
+  const char* transport_name() const override { return "direct"; }
+
+ private:
+  // Consumes the head of in_ into the head receive; false if nothing to consume.
+  bool consume_one();
+  void fail_all(Status status);
+  // Closes `box` (its mutex held) with `why`: its queued sends fail.
+  void close_locked(Inbox* box, const Status& why);
+
+  int my_rank_;
+  std::shared_ptr<Inbox> out_;  // the peer's inbox for our sends
+  std::shared_ptr<Inbox> in_;   // our inbox for the peer's sends
+  std::deque<SendRequest*> sends_;  // posted by us, not yet completed by the peer
+  std::deque<RecvRequest*> recvs_;
+};
+
+}  // namespace chorus::direct

@@ -1,0 +1,342 @@
+// SPDX-License-Identifier: Apache-2.0
+// File: transports/shm/shm_connection.cc
+// The FIFO protocol: the producer copies messages into the peer's ring and publishes head, the
+// consumer copies (or reduces) out of its own ring and publishes tail. See README.md.
+#include "transports/shm/shm_connection.h"
+
+#include <algorithm>
+#include <cstring>
+#include <utility>
+
+#include "common/log.h"
+
+namespace chorus::shm {
+
+namespace {
+
+// Progress is published at least this often so that a large message pipelines through the FIFO
+// (the consumer drains the first piece while the producer writes the next).
+constexpr uint64_t kPublishBytesMax = 256 << 10;
+// Larger messages are rejected so that stream arithmetic cannot overflow.
+constexpr uint64_t kMaxMessageBytes = uint64_t{1} << 62;
+
+constexpr uint64_t round_up(uint64_t bytes) { return (bytes + kFifoAlign - 1) & ~(kFifoAlign - 1); }
+
+uint64_t publish_bytes_for(uint64_t fifo_bytes) {
+  uint64_t quarter = (fifo_bytes / 4) & ~(kFifoAlign - 1);
+  return std::clamp<uint64_t>(quarter, kFifoAlign, kPublishBytesMax);
+}
+
+template <typename T>
+void fail_queue(RequestQueue<T>* queue) {
+  while (!queue->empty()) {
+    queue->front()->fail();
+    queue->pop();
+  }
+}
+
+}  // namespace
+
+ShmConnection::ShmConnection(ShmConnectionConfig config)
+    : Connection(config.peer_rank, config.channel),
+      self_rank_(config.self_rank),
+      peer_pid_(config.peer_pid),
+      send_(config.send_fifo),
+      recv_(config.recv_fifo),
+      peer_doorbell_(config.peer_doorbell),
+      keep_alive_(std::move(config.keep_alive)),
+      publish_bytes_(publish_bytes_for(config.send_fifo.fifo_bytes)) {}
+
+ShmConnection::~ShmConnection() {
+  // Requests still pending can never complete: fail them rather than leave their owners waiting.
+  fail_queue(&sends_);
+  fail_queue(&recvs_);
+  close();
+}
+
+void ShmConnection::close() {
+  if (closed_) return;
+  closed_ = true;
+  flush_head();
+  // Release: pairs with the peer's acquire load of the flag, after which it re-reads head and
+  // so sees everything we published before closing.
+  send_.control->producer_closed.store(1, std::memory_order_release);
+  recv_.control->consumer_closed.store(1, std::memory_order_release);
+  ring_doorbell(peer_doorbell_);
+}
+
+void ShmConnection::post_send(SendRequest* req) {
+  if (error().ok() && (req->bytes > kMaxMessageBytes || (req->bytes > 0 && req->buf == nullptr))) {
+    fail_all(internal_error("send of {} ({} bytes) to rank {}: no buffer or too large",
+                            describe_tag(req->tag), req->bytes, peer()));
+  }
+  if (!error().ok()) {
+    req->fail();
+    return;
+  }
+  sends_.push(req);
+}
+
+void ShmConnection::post_recv(RecvRequest* req) {
+  if (error().ok()) {
+    Status status = check_recv_request(*req);
+    if (!status.ok()) fail_all(std::move(status));
+  }
+  if (!error().ok()) {
+    req->fail();
+    return;
+  }
+  recvs_.push(req);
+}
+
+Status ShmConnection::check_recv_request(const RecvRequest& req) const {
+  bool bad = req.bytes > kMaxMessageBytes || (req.bytes > 0 && req.dst == nullptr);
+  if (req.reduce != nullptr) {
+    // Elements must divide kFifoAlign so that none straddles the end of the ring.
+    size_t e = req.elem_size;
+    bool elem_ok = e > 0 && e <= kFifoAlign && (e & (e - 1)) == 0 && req.bytes % e == 0;
+    bad = bad || !elem_ok || (req.bytes > 0 && req.src == nullptr);
+  }
+  if (!bad) return Status();
+  return internal_error("receive of {} ({} bytes, element size {}) from rank {}: malformed request",
+                        describe_tag(req.tag), req.bytes, req.elem_size, peer());
+}
+
+bool ShmConnection::progress() {
+  if (!error().ok()) return false;
+  // Receives first: freeing space in our ring lets the peer's sends move on.
+  bool changed = progress_recvs();
+  if (error().ok() && !sends_.empty() && !check_consumer_closed()) {
+    changed = progress_sends() || changed;
+  }
+  // Only when stuck: the producer may have closed after publishing what we still consume.
+  if (error().ok() && !changed && !recvs_.empty()) changed = check_producer_closed();
+  return changed || !error().ok();
+}
+
+bool ShmConnection::progress_sends() {
+  const uint64_t start = send_pos_;
+  bool completed = false;
+  uint64_t budget = send_.fifo_bytes;
+  while (!sends_.empty() && error().ok()) {
+    SendRequest* req = sends_.front();
+    if (!write_front(req, &budget)) break;
+    // Published before complete(): whoever sees the send done may rely on the data being out.
+    publish_head();
+    req->complete();
+    sends_.pop();
+    send_cursor_ = 0;
+    ++send_index_;
+    completed = true;
+  }
+  if (error().ok()) flush_head();
+  return completed || send_pos_ != start;
+}
+
+bool ShmConnection::write_front(SendRequest* req, uint64_t* budget) {
+  const uint64_t fifo = send_.fifo_bytes;
+  if (send_cursor_ == 0) {
+    if (*budget < kFifoAlign || send_space(kFifoAlign) < kFifoAlign) return false;
+    MsgHeader header{};
+    header.magic = kMsgMagic;
+    header.index = send_index_;
+    header.tag = req->tag;
+    header.bytes = req->bytes;
+    // send_pos_ is kFifoAlign-aligned and so is fifo: the header never wraps.
+    std::memcpy(send_.data + send_pos_ % fifo, &header, sizeof(header));
+    send_pos_ += kFifoAlign;
+    send_cursor_ = kFifoAlign;
+    *budget -= kFifoAlign;
+  }
+  const uint64_t total = kFifoAlign + round_up(req->bytes);
+  const auto* src = static_cast<const std::byte*>(req->buf);
+  while (send_cursor_ < total) {
+    if (send_pos_ - head_published_ >= publish_bytes_) flush_head();
+    const uint64_t off = send_pos_ % fifo;
+    const uint64_t piece = publish_bytes_ - (send_pos_ - head_published_);
+    // Every term is a multiple of kFifoAlign, so positions stay aligned; the last piece of a
+    // message includes its padding.
+    uint64_t n = std::min({total - send_cursor_, fifo - off, *budget, piece});
+    if (n > 0) n = std::min(n, send_space(n));
+    if (n == 0) return false;
+    const uint64_t payload_off = send_cursor_ - kFifoAlign;  // < req->bytes
+    const uint64_t len = std::min<uint64_t>(n, req->bytes - payload_off);
+    std::memcpy(send_.data + off, src + payload_off, len);
+    send_pos_ += n;
+    send_cursor_ += n;
+    *budget -= n;
+    req->bytes_done.store(payload_off + len, std::memory_order_relaxed);
+  }
+  return true;
+}
+
+bool ShmConnection::progress_recvs() {
+  const uint64_t start = recv_pos_;
+  bool completed = false;
+  uint64_t budget = recv_.fifo_bytes;
+  while (!recvs_.empty() && error().ok()) {
+    RecvRequest* req = recvs_.front();
+    if (!read_front(req, &budget)) break;
+    req->complete();
+    recvs_.pop();
+    recv_cursor_ = 0;
+    ++recv_index_;
+    completed = true;
+  }
+  if (error().ok()) flush_tail();
+  return completed || recv_pos_ != start;
+}
+
+bool ShmConnection::read_front(RecvRequest* req, uint64_t* budget) {
+  const uint64_t fifo = recv_.fifo_bytes;
+  if (recv_cursor_ == 0) {
+    if (*budget < kFifoAlign || recv_available(kFifoAlign) < kFifoAlign) return false;
+    MsgHeader header;
+    std::memcpy(&header, recv_.data + recv_pos_ % fifo, sizeof(header));
+    Status status = check_header(header, *req);
+    if (!status.ok()) {
+      fail_all(std::move(status));
+      return false;
+    }
+    recv_pos_ += kFifoAlign;
+    recv_cursor_ = kFifoAlign;
+    *budget -= kFifoAlign;
+  }
+  const uint64_t total = kFifoAlign + round_up(req->bytes);
+  auto* dst = static_cast<std::byte*>(req->dst);
+  const auto* src = static_cast<const std::byte*>(req->src);
+  while (recv_cursor_ < total) {
+    if (recv_pos_ - tail_published_ >= publish_bytes_) flush_tail();
+    const uint64_t off = recv_pos_ % fifo;
+    const uint64_t piece = publish_bytes_ - (recv_pos_ - tail_published_);
+    uint64_t n = std::min({total - recv_cursor_, fifo - off, *budget, piece});
+    if (n > 0) n = std::min(n, recv_available(n));
+    if (n == 0) return false;
+    const uint64_t payload_off = recv_cursor_ - kFifoAlign;
+    // A multiple of elem_size: n is a multiple of kFifoAlign, or this is the payload's end.
+    const uint64_t len = std::min<uint64_t>(n, req->bytes - payload_off);
+    const std::byte* ring = recv_.data + off;
+    if (req->reduce != nullptr) {
+      req->reduce(dst + payload_off, src + payload_off, ring, len / req->elem_size);
+    } else {
+      std::memcpy(dst + payload_off, ring, len);
+    }
+    recv_pos_ += n;
+    recv_cursor_ += n;
+    *budget -= n;
+    req->bytes_done.store(payload_off + len, std::memory_order_relaxed);
+  }
+  return true;
+}
+
+Status ShmConnection::check_header(const MsgHeader& header, const RecvRequest& req) const {
+  if (header.magic != kMsgMagic || header.index != recv_index_) {
+    return remote_error(
+        "shared-memory FIFO from rank {} (pid {}, channel {}) is corrupted: message header at "
+        "stream offset {} has magic {:#x} and index {} (expected {:#x} and {})",
+        peer(), peer_pid_, channel(), recv_pos_, header.magic, header.index, kMsgMagic,
+        recv_index_);
+  }
+  if (header.tag != req.tag || header.bytes != req.bytes) {
+    return invalid_usage("rank {} sent {} ({} bytes) but rank {} expects {} ({} bytes) from it",
+                         peer(), describe_tag(header.tag), header.bytes, self_rank_,
+                         describe_tag(req.tag), req.bytes);
+  }
+  return Status();
+}
+
+uint64_t ShmConnection::send_space(uint64_t want) {
+  const uint64_t fifo = send_.fifo_bytes;
+  if (fifo - (send_pos_ - tail_cached_) >= want) return fifo - (send_pos_ - tail_cached_);
+  // Acquire: pairs with the consumer's release store of tail, so its reads of the ring bytes
+  // before tail happen before we overwrite them.
+  const uint64_t tail = send_.control->tail.load(std::memory_order_acquire);
+  if (tail < tail_cached_ || tail > head_published_ || tail % kFifoAlign != 0) {
+    fail_all(remote_error(
+        "shared-memory FIFO to rank {} (pid {}, channel {}) is corrupted: tail {} outside "
+        "[{}, {}]",
+        peer(), peer_pid_, channel(), tail, tail_cached_, head_published_));
+    return 0;
+  }
+  tail_cached_ = tail;
+  return fifo - (send_pos_ - tail_cached_);
+}
+
+uint64_t ShmConnection::recv_available(uint64_t want) {
+  if (head_cached_ - recv_pos_ >= want) return head_cached_ - recv_pos_;
+  // Acquire: pairs with the producer's release store of head, so the ring bytes before head
+  // are visible.
+  const uint64_t head = recv_.control->head.load(std::memory_order_acquire);
+  if (head < head_cached_ || head - tail_published_ > recv_.fifo_bytes || head % kFifoAlign != 0) {
+    fail_all(remote_error(
+        "shared-memory FIFO from rank {} (pid {}, channel {}) is corrupted: head {} outside "
+        "[{}, {}]",
+        peer(), peer_pid_, channel(), head, head_cached_, tail_published_ + recv_.fifo_bytes));
+    return 0;
+  }
+  head_cached_ = head;
+  return head_cached_ - recv_pos_;
+}
+
+void ShmConnection::publish_head() {
+  if (send_pos_ == head_published_) return;
+  // Release: the ring bytes written before it become visible to the consumer's acquire load.
+  send_.control->head.store(send_pos_, std::memory_order_release);
+  head_published_ = send_pos_;
+}
+
+void ShmConnection::flush_head() {
+  publish_head();
+  if (head_rung_ == head_published_) return;
+  // Rung only after the store above: a peer going to sleep either sees the new head or is woken.
+  ring_doorbell(peer_doorbell_);
+  head_rung_ = head_published_;
+}
+
+void ShmConnection::flush_tail() {
+  if (recv_pos_ == tail_published_) return;
+  // Release: our reads of the ring bytes before it happen before the producer overwrites them.
+  recv_.control->tail.store(recv_pos_, std::memory_order_release);
+  tail_published_ = recv_pos_;
+  ring_doorbell(peer_doorbell_);  // the sender may be waiting for space
+}
+
+// The flag loads below are acquire: they pair with the release stores in the peer's close(),
+// so a head loaded after one includes everything the peer published before closing.
+
+bool ShmConnection::check_consumer_closed() {
+  if (send_.control->consumer_closed.load(std::memory_order_acquire) == 0) return false;
+  // Sends complete once copied into the ring; nobody would ever read these.
+  const SendRequest* req = sends_.front();
+  fail_all(remote_error(
+      "rank {} (pid {}) closed its shared-memory connection (channel {}): {} ({} bytes) from "
+      "rank {} cannot be delivered",
+      peer(), peer_pid_, channel(), describe_tag(req->tag), req->bytes, self_rank_));
+  return true;
+}
+
+bool ShmConnection::check_producer_closed() {
+  if (recv_.control->producer_closed.load(std::memory_order_acquire) == 0) return false;
+  // At most one FIFO's worth is left and the budget of one call covers it: after this, the
+  // front receive can never complete.
+  progress_recvs();
+  if (!error().ok() || recvs_.empty()) return true;
+  const RecvRequest* req = recvs_.front();
+  fail_all(remote_error(
+      "rank {} (pid {}) closed its shared-memory connection (channel {}) before sending {} "
+      "({} bytes) that rank {} expects from it",
+      peer(), peer_pid_, channel(), describe_tag(req->tag), req->bytes, self_rank_));
+  return true;
+}
+
+void ShmConnection::fail_all(Status status) {
+  set_error(std::move(status));
+  CHORUS_WARN(kShm, "{}", error().message());
+  fail_queue(&sends_);
+  fail_queue(&recvs_);
+  // The streams may now hold half a message: close both directions so that the peer fails its
+  // pending requests too instead of waiting for bytes that will not come.
+  close();
+}
+
+}  // namespace chorus::shm

@@ -1,0 +1,173 @@
+// SPDX-License-Identifier: Apache-2.0
+// File: transports/shm/shm_connection.h
+// One shared-memory connection (peer, channel): a single-producer single-consumer byte FIFO in
+// each direction, and the wire layout of those FIFOs. README.md describes the protocol.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "core/process.h"
+#include "transports/transport.h"
+
+namespace chorus::shm {
+
+// Every message starts on, and is padded to, this boundary: no element straddles the wrap.
+inline constexpr size_t kFifoAlign = 64;
+
+static_assert(std::atomic<uint64_t>::is_always_lock_free, "shared-memory atomics need lock-free");
+static_assert(std::atomic<uint32_t>::is_always_lock_free, "shared-memory atomics need lock-free");
+
+// Control block of one FIFO; ring data follows it. Wire layout (shared by processes). The two
+// counters are byte positions in the stream, multiples of kFifoAlign, never wrapping (2^64
+// bytes); ring offset = position % fifo_bytes. Each line has exactly one writer.
+struct FifoControl {
+  // Line 0, written by the producer only.
+  // head: bytes published. Release store after the ring bytes before it are written; the
+  // consumer's acquire load of head pairs with it.
+  alignas(64) std::atomic<uint64_t> head{0};
+  // Set (release, after the last head store) when the producer's connection is destroyed;
+  // the consumer's acquire load pairs with it, then re-reads head.
+  std::atomic<uint32_t> producer_closed{0};
+  // Line 1, written by the consumer only.
+  // tail: bytes consumed. Release store after the consumer finished reading the ring bytes
+  // before it; the producer's acquire load pairs with it before overwriting them.
+  alignas(64) std::atomic<uint64_t> tail{0};
+  // Set (release) when the consumer's connection is destroyed; producer loads it (acquire).
+  std::atomic<uint32_t> consumer_closed{0};
+};
+static_assert(sizeof(FifoControl) == 2 * kFifoAlign);
+
+// Header of one message in the stream; the payload follows, then padding to kFifoAlign.
+struct MsgHeader {
+  uint32_t magic;
+  uint32_t index;  // low 32 bits of the message's ordinal on this FIFO: detects a desync
+  MsgTag tag;
+  uint64_t bytes;  // payload bytes
+  uint8_t pad[kFifoAlign - 40];
+};
+static_assert(sizeof(MsgHeader) == kFifoAlign);
+inline constexpr uint32_t kMsgMagic = 0x4d534843;  // "CHSM"
+
+// One FIFO as mapped in this process.
+struct FifoRef {
+  FifoControl* control = nullptr;
+  std::byte* data = nullptr;  // fifo_bytes of ring, kFifoAlign-aligned
+  uint64_t fifo_bytes = 0;    // a multiple of kFifoAlign
+};
+
+// A FIFO of request pointers that grows by doubling and never shrinks: after warm-up, posting
+// does not allocate.
+template <typename T>
+class RequestQueue {
+ public:
+  RequestQueue() : slots_(16) {}
+  bool empty() const { return count_ == 0; }
+  T* front() const { return slots_[first_]; }
+  void push(T* req) {
+    if (count_ == slots_.size()) grow();
+    slots_[(first_ + count_) & (slots_.size() - 1)] = req;
+    ++count_;
+  }
+  void pop() {
+    first_ = (first_ + 1) & (slots_.size() - 1);
+    --count_;
+  }
+
+ private:
+  void grow() {
+    std::vector<T*> bigger(slots_.size() * 2);
+    for (size_t i = 0; i < count_; ++i) bigger[i] = slots_[(first_ + i) & (slots_.size() - 1)];
+    slots_.swap(bigger);
+    first_ = 0;
+  }
+  std::vector<T*> slots_;  // size is a power of two
+  size_t first_ = 0;
+  size_t count_ = 0;
+};
+
+struct ShmConnectionConfig {
+  int self_rank = -1;
+  int peer_rank = -1;
+  int peer_pid = -1;
+  int channel = 0;
+  FifoRef send_fifo;                      // in the peer's segment: we produce, the peer consumes
+  FifoRef recv_fifo;                      // in our segment: the peer produces, we consume
+  DoorbellWord* peer_doorbell = nullptr;  // the peer process's doorbell
+  // Owners of the memory the pointers above point into (mappings); kept alive by the connection.
+  std::vector<std::shared_ptr<const void>> keep_alive;
+};
+
+// Sends and receives are matched in posting order. Not thread-safe: one thread at a time calls
+// post_*(), progress() and idle() (the progress engine). progress() never blocks; it moves at
+// most about one FIFO's worth of bytes per direction per call.
+class ShmConnection final : public Connection {
+ public:
+  explicit ShmConnection(ShmConnectionConfig config);
+  // Fails our pending requests and tells the peer (closed flags + doorbell), so that its
+  // pending requests fail too instead of hanging.
+  ~ShmConnection() override;
+
+  void post_send(SendRequest* req) override;
+  void post_recv(RecvRequest* req) override;
+  bool progress() override;
+  bool idle() const override { return sends_.empty() && recvs_.empty(); }
+  const char* transport_name() const override { return "shm"; }
+
+ private:
+  bool progress_sends();
+  bool progress_recvs();
+  // Writes the front send's header and payload while space allows; true when it is all written.
+  bool write_front(SendRequest* req, uint64_t* budget);
+  // Consumes the front receive's header (if not yet) and payload; true when it is all consumed.
+  bool read_front(RecvRequest* req, uint64_t* budget);
+  Status check_header(const MsgHeader& header, const RecvRequest& req) const;
+  Status check_recv_request(const RecvRequest& req) const;
+  // Free bytes in the send FIFO, refreshing the cached tail when `want` bytes are not free.
+  uint64_t send_space(uint64_t want);
+  // Published bytes not yet consumed, refreshing the cached head when fewer than `want`.
+  uint64_t recv_available(uint64_t want);
+  void publish_head();  // release-stores head (the doorbell is rung by flush_head)
+  void flush_head();    // publish_head + ring the peer if anything new was published
+  void flush_tail();    // release-stores tail + rings the peer (a sender waiting for space)
+  // Fail every pending request if the peer has closed its end of the connection and what is
+  // pending can no longer complete. True if they failed (or, for the latter, bytes moved).
+  bool check_consumer_closed();
+  bool check_producer_closed();
+  // Records the error, fails every pending request and closes both directions.
+  void fail_all(Status status);
+  // Publishes what was written, sets our closed flags and rings the peer. Idempotent.
+  void close();
+
+  const int self_rank_;
+  const int peer_pid_;
+  const FifoRef send_;
+  const FifoRef recv_;
+  DoorbellWord* const peer_doorbell_;
+  const std::vector<std::shared_ptr<const void>> keep_alive_;
+  const uint64_t publish_bytes_;  // publish progress at least every this many bytes
+  bool closed_ = false;
+
+  RequestQueue<SendRequest> sends_;
+  RequestQueue<RecvRequest> recvs_;
+
+  // Producer state (send_ FIFO). Positions are stream byte counts (see FifoControl).
+  uint64_t send_pos_ = 0;        // written locally, published or not
+  uint64_t head_published_ = 0;  // last value stored to send_.control->head
+  uint64_t head_rung_ = 0;       // last head value the peer was rung for
+  uint64_t tail_cached_ = 0;     // last value loaded from send_.control->tail
+  uint64_t send_cursor_ = 0;     // bytes of the front message written (header included)
+  uint32_t send_index_ = 0;      // ordinal of the front message
+
+  // Consumer state (recv_ FIFO).
+  uint64_t recv_pos_ = 0;        // consumed locally, released or not
+  uint64_t tail_published_ = 0;  // last value stored to recv_.control->tail
+  uint64_t head_cached_ = 0;     // last value loaded from recv_.control->head
+  uint64_t recv_cursor_ = 0;     // bytes of the front message consumed (header included)
+  uint32_t recv_index_ = 0;      // ordinal of the front message
+};
+
+}  // namespace chorus::shm

@@ -1,0 +1,300 @@
+// SPDX-License-Identifier: Apache-2.0
+// File: transports/tcp/tcp_connection.cc
+// Non-blocking tagged message IO on one TCP socket: batched sendmsg() for sends, header-checked
+// receives straight into the destination, or through a bounce buffer for reducing receives.
+#include "transports/tcp/tcp_connection.h"
+
+#include <poll.h>
+#include <sys/socket.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include "common/log.h"
+#include "transports/tcp/tcp_transport.h"
+
+namespace chorus::tcp {
+
+namespace {
+
+constexpr size_t kHeaderBytes = sizeof(WireHeader);
+constexpr size_t kMinBounceBytes = 64;
+
+// One non-blocking recv(): bytes read (> 0), 0 when it would block, or -1 with *err set
+// (0 for an orderly EOF).
+ssize_t recv_nb(int fd, void* buf, size_t bytes, int* err) {
+  for (;;) {
+    ssize_t n = ::recv(fd, buf, bytes, MSG_DONTWAIT);
+    if (n > 0) return n;
+    if (n == 0) {
+      *err = 0;
+      return -1;
+    }
+    if (errno == EINTR) continue;
+    if (errno == EAGAIN || errno == EWOULDBLOCK) return 0;
+    *err = errno;
+    return -1;
+  }
+}
+
+WireHeader make_header(const SendRequest& req) {
+  WireHeader h{};
+  h.magic = kWireMagic;
+  h.tag = req.tag;
+  h.bytes = req.bytes;
+  return h;
+}
+
+}  // namespace
+
+TcpConnection::TcpConnection(UniqueFd fd, int my_rank, int peer, int channel,
+                             const net::SockAddr& peer_addr, size_t bounce_bytes)
+    : Connection(peer, channel),
+      fd_(std::move(fd)),
+      my_rank_(my_rank),
+      peer_addr_(peer_addr.to_string()),
+      bounce_bytes_(std::max(bounce_bytes, kMinBounceBytes)) {
+  net::set_nodelay(fd_.get());
+  net::set_buffer_sizes(fd_.get(), kSocketBufferBytes);
+}
+
+void TcpConnection::post_send(SendRequest* req) {
+  if (broken_) {
+    req->fail();
+    return;
+  }
+  sends_.push(req);
+}
+
+void TcpConnection::post_recv(RecvRequest* req) {
+  if (broken_) {
+    req->fail();
+    return;
+  }
+  recvs_.push(req);
+  if (req->reduce != nullptr && (req->elem_size == 0 || req->bytes % req->elem_size != 0)) {
+    fail_all(
+        invalid_usage("reducing receive of {} bytes from rank {} is not a whole number of "
+                      "{}-byte elements",
+                      req->bytes, peer(), req->elem_size));
+  }
+}
+
+int TcpConnection::poll_fd(short* events) const {
+  if (broken_) return -1;
+  short ev = 0;
+  if (!recvs_.empty()) ev |= POLLIN;
+  if (!sends_.empty()) ev |= POLLOUT;
+  if (!idle()) ev |= POLLRDHUP;
+  *events = ev;
+  return fd_.get();
+}
+
+bool TcpConnection::progress() {
+  if (broken_ || idle()) return false;
+  bool moved = progress_recvs();
+  if (!broken_) moved |= progress_sends();
+  return moved;
+}
+
+// ---- Sends ----------------------------------------------------------------------------------
+
+bool TcpConnection::progress_sends() {
+  bool moved = false;
+  while (!sends_.empty()) {
+    WireHeader headers[kMaxBatch];
+    iovec iov[2 * kMaxBatch];
+    size_t n_iov = 0;
+    size_t total = 0;
+    size_t batch = std::min(sends_.size(), kMaxBatch);
+    for (size_t i = 0; i < batch; ++i) {
+      const SendRequest* req = sends_.at(i);
+      headers[i] = make_header(*req);
+      size_t skip = i == 0 ? send_off_ : 0;  // only the front request can be partly sent
+      if (skip < kHeaderBytes) {
+        iov[n_iov++] = {reinterpret_cast<char*>(&headers[i]) + skip, kHeaderBytes - skip};
+        total += kHeaderBytes - skip;
+      }
+      size_t payload_skip = skip > kHeaderBytes ? skip - kHeaderBytes : 0;
+      if (req->bytes > payload_skip) {
+        iov[n_iov++] = {const_cast<char*>(static_cast<const char*>(req->buf)) + payload_skip,
+                        req->bytes - payload_skip};
+        total += req->bytes - payload_skip;
+      }
+    }
+    msghdr msg{};
+    msg.msg_iov = iov;
+    msg.msg_iovlen = n_iov;
+    ssize_t n = ::sendmsg(fd_.get(), &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      if (errno != EAGAIN && errno != EWOULDBLOCK) {
+        fail_all(io_error(errno, sends_.front(), "sending"));
+        return true;
+      }
+      // Stuck on a full socket: make sure the peer is still there to drain it.
+      if (recvs_.empty() && !peer_alive()) return true;
+      return moved;
+    }
+    moved = true;
+    size_t left = static_cast<size_t>(n);
+    while (left > 0 && !sends_.empty()) {
+      SendRequest* req = sends_.front();
+      size_t need = kHeaderBytes + req->bytes - send_off_;
+      size_t step = std::min(left, need);
+      send_off_ += step;
+      left -= step;
+      req->bytes_done.store(send_off_ > kHeaderBytes ? send_off_ - kHeaderBytes : 0,
+                            std::memory_order_relaxed);
+      if (step < need) break;
+      send_off_ = 0;
+      sends_.pop();
+      req->complete();  // the caller may free it now
+    }
+    // Anything left unsent means the socket is full.
+    if (static_cast<size_t>(n) < total) return moved;
+  }
+  return moved;
+}
+
+bool TcpConnection::peer_alive() {
+  char byte;
+  int err = 0;
+  ssize_t n = ::recv(fd_.get(), &byte, 1, MSG_PEEK | MSG_DONTWAIT);
+  if (n > 0) return true;
+  if (n < 0) {
+    if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return true;
+    err = errno;
+  }
+  fail_all(io_error(err, sends_.front(), "sending"));
+  return false;
+}
+
+// ---- Receives -------------------------------------------------------------------------------
+
+bool TcpConnection::progress_recvs() {
+  bool moved = false;
+  while (!recvs_.empty() && !broken_) {
+    RecvRequest* req = recvs_.front();
+    if (!read_header(req, &moved)) return moved;
+    bool complete = req->reduce != nullptr ? read_reduce(req, &moved) : read_plain(req, &moved);
+    if (!complete) return moved;
+    req->bytes_done.store(req->bytes, std::memory_order_relaxed);
+    recvs_.pop();
+    rx_header_got_ = 0;
+    rx_payload_got_ = 0;
+    bounce_fill_ = 0;
+    moved = true;
+    req->complete();  // the caller may free it now
+  }
+  return moved;
+}
+
+bool TcpConnection::read_header(RecvRequest* req, bool* moved) {
+  if (rx_header_got_ == kHeaderBytes) return true;
+  auto* dst = reinterpret_cast<uint8_t*>(&rx_header_);
+  while (rx_header_got_ < kHeaderBytes) {
+    int err = 0;
+    ssize_t n = recv_nb(fd_.get(), dst + rx_header_got_, kHeaderBytes - rx_header_got_, &err);
+    if (n == 0) return false;
+    if (n < 0) {
+      fail_all(io_error(err, req, "receiving"));
+      *moved = true;
+      return false;
+    }
+    rx_header_got_ += static_cast<size_t>(n);
+    *moved = true;
+  }
+  if (rx_header_.magic != kWireMagic) {
+    fail_all(remote_error(
+        "rank {} ({}) sent a corrupt message header (magic {:#010x}) on tcp "
+        "channel {} while rank {} was receiving {}",
+        peer(), peer_addr_, rx_header_.magic, channel(), my_rank_, describe_request(req)));
+    return false;
+  }
+  if (rx_header_.tag != req->tag || rx_header_.bytes != req->bytes) {
+    fail_all(invalid_usage("rank {} sent {} ({} bytes) but rank {} expects {} ({} bytes) from it",
+                           peer(), describe_tag(rx_header_.tag), rx_header_.bytes, my_rank_,
+                           describe_tag(req->tag), req->bytes));
+    return false;
+  }
+  if (req->reduce != nullptr && !bounce_) bounce_ = std::make_unique<uint8_t[]>(bounce_bytes_);
+  return true;
+}
+
+bool TcpConnection::read_plain(RecvRequest* req, bool* moved) {
+  auto* dst = static_cast<uint8_t*>(req->dst);
+  while (rx_payload_got_ < req->bytes) {
+    int err = 0;
+    ssize_t n = recv_nb(fd_.get(), dst + rx_payload_got_, req->bytes - rx_payload_got_, &err);
+    if (n == 0) return false;
+    if (n < 0) {
+      fail_all(io_error(err, req, "receiving"));
+      *moved = true;
+      return false;
+    }
+    rx_payload_got_ += static_cast<size_t>(n);
+    req->bytes_done.store(rx_payload_got_, std::memory_order_relaxed);
+    *moved = true;
+  }
+  return true;
+}
+
+// Incoming bytes land in the bounce buffer; whole elements are combined into dst at once, a
+// partial trailing element waits at the start of the buffer for the rest of its bytes.
+bool TcpConnection::read_reduce(RecvRequest* req, bool* moved) {
+  auto* dst = static_cast<uint8_t*>(req->dst);
+  const auto* src = static_cast<const uint8_t*>(req->src != nullptr ? req->src : req->dst);
+  size_t elem = req->elem_size;
+  while (rx_payload_got_ < req->bytes) {
+    size_t want = std::min(bounce_bytes_ - bounce_fill_, req->bytes - rx_payload_got_);
+    int err = 0;
+    ssize_t n = recv_nb(fd_.get(), bounce_.get() + bounce_fill_, want, &err);
+    if (n == 0) return false;
+    if (n < 0) {
+      fail_all(io_error(err, req, "receiving"));
+      *moved = true;
+      return false;
+    }
+    *moved = true;
+    bounce_fill_ += static_cast<size_t>(n);
+    rx_payload_got_ += static_cast<size_t>(n);
+    size_t whole = bounce_fill_ / elem * elem;
+    if (whole == 0) continue;
+    size_t off = rx_payload_got_ - bounce_fill_;  // message offset of bounce_[0]
+    req->reduce(dst + off, src + off, bounce_.get(), whole / elem);
+    bounce_fill_ -= whole;
+    if (bounce_fill_ > 0) std::memmove(bounce_.get(), bounce_.get() + whole, bounce_fill_);
+    req->bytes_done.store(off + whole, std::memory_order_relaxed);
+  }
+  return true;
+}
+
+// ---- Errors ---------------------------------------------------------------------------------
+
+std::string TcpConnection::describe_request(const Request* req) const {
+  if (req == nullptr) return "nothing";
+  return fmt::format("{} ({} of {} bytes)", describe_tag(req->tag),
+                     req->bytes_done.load(std::memory_order_relaxed), req->bytes);
+}
+
+Status TcpConnection::io_error(int err, const Request* req, const char* doing) const {
+  std::string how =
+      err == 0 ? std::string("closed the connection")
+               : fmt::format("broke the connection ({}, errno {})", std::strerror(err), err);
+  if (err == ECONNRESET || err == EPIPE)
+    how = fmt::format("closed the connection ({})", std::strerror(err));
+  return remote_error("rank {} ({}) {} while rank {} was {} {} on tcp channel {}", peer(),
+                      peer_addr_, how, my_rank_, doing, describe_request(req), channel());
+}
+
+void TcpConnection::fail_all(Status status) {
+  if (!broken_) CHORUS_WARN(kNet, "{}", status.message());
+  broken_ = true;
+  set_error(std::move(status));
+  while (!sends_.empty()) sends_.pop()->fail();
+  while (!recvs_.empty()) recvs_.pop()->fail();
+}
+
+}  // namespace chorus::tcp

@@ -1,0 +1,121 @@
+// SPDX-License-Identifier: Apache-2.0
+// File: transports/tcp/tcp_connection.h
+// One TCP connection (peer, channel): ordered, tagged messages over a non-blocking socket.
+// Each message is a 40-byte header (magic, tag, payload bytes) followed by the payload.
+#pragma once
+
+#include <sys/uio.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "bootstrap/socket.h"
+#include "common/unique_fd.h"
+#include "transports/transport.h"
+
+namespace chorus::tcp {
+
+// Header of one message on the wire (host byte order; the magic exposes a mismatch).
+struct WireHeader {
+  uint32_t magic;
+  uint32_t reserved;
+  MsgTag tag;
+  uint64_t bytes;  // payload bytes that follow
+};
+static_assert(sizeof(WireHeader) == 40);
+inline constexpr uint32_t kWireMagic = 0x43484d54;  // "CHMT"
+
+// A FIFO of request pointers that grows by doubling and never shrinks: after warm-up posting
+// does not allocate.
+template <typename T>
+class RequestRing {
+ public:
+  RequestRing() : slots_(16) {}
+  bool empty() const { return count_ == 0; }
+  size_t size() const { return count_; }
+  T* at(size_t i) const { return slots_[(first_ + i) & (slots_.size() - 1)]; }
+  T* front() const { return at(0); }
+  void push(T* req) {
+    if (count_ == slots_.size()) grow();
+    slots_[(first_ + count_) & (slots_.size() - 1)] = req;
+    ++count_;
+  }
+  T* pop() {
+    T* req = front();
+    first_ = (first_ + 1) & (slots_.size() - 1);
+    --count_;
+    return req;
+  }
+
+ private:
+  void grow() {
+    std::vector<T*> bigger(slots_.size() * 2);
+    for (size_t i = 0; i < count_; ++i) bigger[i] = at(i);
+    slots_.swap(bigger);
+    first_ = 0;
+  }
+  std::vector<T*> slots_;  // size is a power of two
+  size_t first_ = 0;
+  size_t count_ = 0;
+};
+
+// Not thread-safe: post_*, progress() and the queries must come from one thread at a time
+// (the progress engine's). Requests complete in posting order per direction.
+class TcpConnection final : public Connection {
+ public:
+  // Takes a connected, authenticated, non-blocking socket. `peer_addr` and the ranks name the
+  // peer in error messages; `bounce_bytes` sizes the staging buffer of reducing receives
+  // (allocated on the first one).
+  TcpConnection(UniqueFd fd, int my_rank, int peer, int channel, const net::SockAddr& peer_addr,
+                size_t bounce_bytes);
+  ~TcpConnection() override = default;
+
+  void post_send(SendRequest* req) override;
+  void post_recv(RecvRequest* req) override;
+  bool progress() override;
+  bool idle() const override { return sends_.empty() && recvs_.empty(); }
+  // POLLIN while a receive is pending, POLLOUT while send bytes are pending, and POLLRDHUP
+  // whenever anything is pending, so that a peer that goes away wakes the poller. -1 after an
+  // error.
+  int poll_fd(short* events) const override;
+  const char* transport_name() const override { return "tcp"; }
+
+ private:
+  static constexpr size_t kMaxBatch = 16;  // send requests gathered into one sendmsg()
+
+  bool progress_sends();
+  bool progress_recvs();
+  // Reads the header of the next message for the front receive and checks it against it.
+  // Returns false when it is not complete yet (or the connection failed).
+  bool read_header(RecvRequest* req, bool* moved);
+  bool read_plain(RecvRequest* req, bool* moved);
+  bool read_reduce(RecvRequest* req, bool* moved);
+  // True while the peer has not closed; used when sends are stuck on a full socket.
+  bool peer_alive();
+  // Records why the connection broke (logged once) and fails every pending request.
+  void fail_all(Status status);
+  // The error for errno `err` (0: orderly EOF) while `req` was in flight.
+  Status io_error(int err, const Request* req, const char* doing) const;
+  std::string describe_request(const Request* req) const;
+
+  UniqueFd fd_;
+  int my_rank_;
+  std::string peer_addr_;
+  size_t bounce_bytes_;
+  bool broken_ = false;
+
+  RequestRing<SendRequest> sends_;
+  size_t send_off_ = 0;  // bytes of the front send (header included) already sent
+
+  RequestRing<RecvRequest> recvs_;
+  WireHeader rx_header_{};
+  size_t rx_header_got_ = 0;
+  size_t rx_payload_got_ = 0;  // payload bytes read (or reduced) for the front receive
+  std::unique_ptr<uint8_t[]> bounce_;
+  size_t bounce_fill_ = 0;  // bytes in bounce_ (a partial element carried over)
+};
+
+}  // namespace chorus::tcp

@@ -1,0 +1,77 @@
+// SPDX-License-Identifier: Apache-2.0
+// File: transports/tcp/tcp_transport.h
+// TCP transport setup: a rank's data listener, and connect_all(), which opens one
+// authenticated socket per (peer, channel). README.md describes the wire format.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "bootstrap/auth.h"
+#include "bootstrap/socket.h"
+#include "common/clock.h"
+#include "common/params.h"
+#include "common/status.h"
+#include "common/unique_fd.h"
+#include "transports/transport.h"
+
+namespace chorus::tcp {
+
+// Socket buffer size requested for data sockets (the kernel may cap it at net.core.*mem_max).
+inline constexpr int kSocketBufferBytes = 4 << 20;
+
+// A rank's data listener. Created before the bootstrap so that its address can be published.
+class TcpListener {
+ public:
+  // Listens on `bind_addr` (port 0: ephemeral), non-blocking, close-on-exec.
+  static Result<std::unique_ptr<TcpListener>> create(const net::SockAddr& bind_addr);
+
+  // The bound address (with its port): what peers connect to.
+  const net::SockAddr& address() const { return address_; }
+  int fd() const { return fd_.get(); }
+
+ private:
+  TcpListener(UniqueFd fd, const net::SockAddr& address) : fd_(std::move(fd)), address_(address) {}
+  UniqueFd fd_;
+  net::SockAddr address_;
+};
+
+struct TcpPeer {
+  int rank = -1;
+  net::SockAddr addr;  // its TcpListener::address()
+};
+
+struct TcpSetup {
+  int rank = -1;
+  uint64_t comm_uid = 0;
+  bootstrap::Secret secret;         // the communicator's: every connection proves it
+  int channels = 1;                 // connections per peer, equal on every rank (1..64)
+  size_t bounce_bytes = 1 << 20;    // per-connection staging buffer of reducing receives
+  TcpListener* listener = nullptr;  // ours; required when a peer has a lower rank
+  std::vector<TcpPeer> peers;       // any subset of the other ranks, any order
+  Deadline deadline = Deadline::after_ms(params::kConnectTimeoutMs.get());
+};
+
+using TcpConnections = std::vector<std::vector<std::unique_ptr<Connection>>>;
+
+// Opens one TCP connection per peer and channel, all in parallel without blocking on any one
+// peer: for each pair the lower rank connects (retrying refusals) and the higher rank accepts.
+// Each connection runs the mutual handshake (bootstrap/auth.h, context "chorus-tcp:<uid>",
+// setup.secret); then the connector identifies itself (rank, channel, comm_uid) and the
+// acceptor acknowledges. Incoming connections that fail authentication, come from a rank that
+// is not an expected lower-ranked peer, name another communicator, or duplicate a channel are
+// dropped and logged without failing the setup. Returns connections indexed [i][channel] where
+// i indexes setup.peers. Several ranks of one process may run it concurrently, each with its
+// own listener; one connect_all at a time per listener.
+//
+// Errors: kInvalidArgument for a malformed setup; kRemoteError when a peer rejects us (wrong
+// secret ...) or setup.deadline passes, naming every (peer, channel) still missing and why;
+// kSystemError when a socket cannot be created.
+Result<TcpConnections> connect_all(const TcpSetup& setup);
+
+// The handshake context of a communicator's TCP connections.
+std::string auth_context(uint64_t comm_uid);
+
+}  // namespace chorus::tcp
