@@ -13,13 +13,13 @@ struct CallSpec {
   CollKind kind;
   bool reduces;          // takes an op
   bool rooted;           // takes a root (or a peer for send/recv)
-  size_t send_blocks;    // send buffer = count * this (0: "nranks")
-  size_t recv_blocks;    // receive buffer = count * this (0: "nranks")
+  size_t send_blocks;    // send buffer = count * this (kN: nranks; 0: no send buffer)
+  size_t recv_blocks;    // receive buffer = count * this (kN: nranks; 0: no receive buffer)
   bool send_root_only;   // sendbuff only read at the root
   bool recv_root_only;   // recvbuff only written at the root
 };
 
-constexpr size_t kN = 0;  // stands for nranks
+constexpr size_t kN = ~size_t{0};  // stands for nranks
 constexpr CallSpec kAllReduce{CollKind::kAllReduce, true, false, 1, 1, false, false};
 constexpr CallSpec kReduceScatter{CollKind::kReduceScatter, true, false, kN, 1, false, false};
 constexpr CallSpec kAllGather{CollKind::kAllGather, false, false, 1, kN, false, false};
@@ -33,8 +33,7 @@ constexpr CallSpec kRecv{CollKind::kRecv, false, true, 0, 1, false, false};
 
 Status validate_and_submit(const CallSpec& spec, const void* sendbuff, void* recvbuff,
                            size_t count, ncclDataType_t datatype, ncclRedOp_t op, int root,
-                           ncclComm_t handle, cudaStream_t stream) {
-  CHORUS_ASSIGN_OR_RETURN(std::shared_ptr<Comm> comm, usable_comm(handle));
+                           const std::shared_ptr<Comm>& comm, cudaStream_t stream) {
   if (comm->state() == Comm::State::kRevoked)
     return invalid_usage("{} was revoked; only destroy, split and shrink are allowed",
                          comm->describe());
@@ -76,8 +75,13 @@ ncclResult_t coll(const char* name, const CallSpec& spec, const void* sendbuff, 
                   size_t count, ncclDataType_t datatype, ncclRedOp_t op, int root,
                   ncclComm_t comm, cudaStream_t stream) {
   return guard(name, [&]() -> Status {
-    Status s = validate_and_submit(spec, sendbuff, recvbuff, count, datatype, op, root, comm,
-                                   stream);
+    auto c = usable_comm(comm);
+    Status s = c.ok() ? validate_and_submit(spec, sendbuff, recvbuff, count, datatype, op, root,
+                                            *c, stream)
+                      : c.take_status();
+    // Name the rank, unless the message already does (failures of the operation itself).
+    if (!s.ok() && c.ok() && s.message().find((*c)->describe()) == std::string::npos)
+      s.with_context((*c)->describe());
     if (!s.ok()) group_fail(s);
     return s;
   });

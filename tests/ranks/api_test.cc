@@ -1,0 +1,352 @@
+// SPDX-License-Identifier: Apache-2.0
+// The communicator and group API with ranks as threads: the ways to create communicators (by
+// rank, all at once, in a group from one thread, scalable, non-blocking), split and shrink,
+// queries, groups driven from one thread, send/receive patterns, host streams, memory.
+#include <catch2/catch.hpp>
+#include <chorus/chorus.h>
+#include <nccl.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <numeric>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "support/coll_check.h"
+#include "support/rank_group.h"
+
+namespace chorus::test {
+namespace {
+
+std::string err(ncclResult_t r, const char* what) {
+  return r == ncclSuccess ? "" : std::string(what) + ": " + ncclGetLastError(nullptr);
+}
+
+// Sum-AllReduce of (rank+1) on every comm given, from one thread inside a group.
+std::string allreduce_from_one_thread(const std::vector<ncclComm_t>& comms) {
+  int n = static_cast<int>(comms.size());
+  std::vector<std::vector<float>> bufs(n, std::vector<float>(1000));
+  for (int r = 0; r < n; ++r) std::fill(bufs[r].begin(), bufs[r].end(), static_cast<float>(r + 1));
+  if (ncclGroupStart() != ncclSuccess) return "group start";
+  for (int r = 0; r < n; ++r)
+    ncclAllReduce(bufs[r].data(), bufs[r].data(), 1000, ncclFloat, ncclSum, comms[r], nullptr);
+  if (ncclGroupEnd() != ncclSuccess) return std::string("group end: ") + ncclGetLastError(nullptr);
+  float want = n * (n + 1) / 2.0f;
+  for (int r = 0; r < n; ++r)
+    for (float v : bufs[r])
+      if (v != want) return "wrong sum " + std::to_string(v);
+  return "";
+}
+
+TEST_CASE("version, error strings and unique ids", "[ranks][api]") {
+  int v = 0;
+  REQUIRE(ncclGetVersion(&v) == ncclSuccess);
+  REQUIRE(v == NCCL_VERSION_CODE);
+  REQUIRE(v == 22809);
+  REQUIRE(std::string(ncclGetErrorString(ncclRemoteError)) ==
+          "remote process exited or there was a network error");
+  REQUIRE(std::string(ncclGetErrorString(static_cast<ncclResult_t>(77))) == "unknown result code");
+  ncclUniqueId a, b;
+  REQUIRE(ncclGetUniqueId(&a) == ncclSuccess);
+  REQUIRE(ncclGetUniqueId(&b) == ncclSuccess);
+  REQUIRE(std::memcmp(&a, &b, sizeof(a)) != 0);
+  int cv = 0;
+  REQUIRE(chorusGetVersion(&cv) == ncclSuccess);
+  REQUIRE(cv == CHORUS_VERSION_CODE);
+  REQUIRE(std::string(chorusBuildInfo()).find("nccl-api 2.28.9") != std::string::npos);
+}
+
+TEST_CASE("ncclCommInitRank from one thread per rank, and the queries", "[ranks][api]") {
+  const int n = 3;
+  ncclUniqueId id;
+  REQUIRE(ncclGetUniqueId(&id) == ncclSuccess);
+  std::vector<ncclComm_t> comms(n);
+  std::vector<ncclResult_t> results(n);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r)
+    threads.emplace_back([&, r] { results[r] = ncclCommInitRank(&comms[r], n, id, r); });
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < n; ++r) {
+    REQUIRE(results[r] == ncclSuccess);
+    int count = 0, rank = -1, dev = -1;
+    REQUIRE(ncclCommCount(comms[r], &count) == ncclSuccess);
+    REQUIRE(ncclCommUserRank(comms[r], &rank) == ncclSuccess);
+    REQUIRE(ncclCommCuDevice(comms[r], &dev) == ncclSuccess);
+    REQUIRE(count == n);
+    REQUIRE(rank == r);
+    REQUIRE(dev == r);  // its index among the ranks of this host
+    ncclResult_t async = ncclInternalError;
+    REQUIRE(ncclCommGetAsyncError(comms[r], &async) == ncclSuccess);
+    REQUIRE(async == ncclSuccess);
+  }
+  REQUIRE(allreduce_from_one_thread(comms) == "");
+  for (auto c : comms) REQUIRE(ncclCommDestroy(c) == ncclSuccess);
+}
+
+TEST_CASE("one thread creates and drives every rank inside groups", "[ranks][api]") {
+  const int n = 4;
+  ncclUniqueId id;
+  REQUIRE(ncclGetUniqueId(&id) == ncclSuccess);
+  std::vector<ncclComm_t> comms(n);
+  REQUIRE(ncclGroupStart() == ncclSuccess);
+  for (int r = 0; r < n; ++r) REQUIRE(ncclCommInitRank(&comms[r], n, id, r) == ncclSuccess);
+  REQUIRE(ncclGroupEnd() == ncclSuccess);
+  REQUIRE(allreduce_from_one_thread(comms) == "");
+  // Nested groups launch at the outermost end.
+  REQUIRE(ncclGroupStart() == ncclSuccess);
+  REQUIRE(ncclGroupStart() == ncclSuccess);
+  std::vector<std::vector<int>> bufs(n, std::vector<int>(10, 1));
+  for (int r = 0; r < n; ++r)
+    REQUIRE(ncclAllReduce(bufs[r].data(), bufs[r].data(), 10, ncclInt, ncclSum, comms[r], nullptr) == ncclSuccess);
+  REQUIRE(ncclGroupEnd() == ncclSuccess);
+  REQUIRE(bufs[0][0] == 1);  // not run yet: still inside the outer group
+  REQUIRE(ncclGroupEnd() == ncclSuccess);
+  for (auto& b : bufs) REQUIRE(b[9] == n);
+  for (auto c : comms) REQUIRE(ncclCommDestroy(c) == ncclSuccess);
+}
+
+TEST_CASE("ncclCommInitAll with a device list", "[ranks][api]") {
+  ncclComm_t comms[3];
+  int devs[3] = {7, 3, 5};
+  REQUIRE(ncclCommInitAll(comms, 3, devs) == ncclSuccess);
+  for (int r = 0; r < 3; ++r) {
+    int dev = -1;
+    REQUIRE(ncclCommCuDevice(comms[r], &dev) == ncclSuccess);
+    REQUIRE(dev == devs[r]);
+  }
+  REQUIRE(allreduce_from_one_thread({comms[0], comms[1], comms[2]}) == "");
+  for (auto c : comms) REQUIRE(ncclCommDestroy(c) == ncclSuccess);
+}
+
+TEST_CASE("ncclCommInitRankScalable with several ids", "[ranks][api]") {
+  const int n = 5;
+  ncclUniqueId ids[2];
+  REQUIRE(ncclGetUniqueId(&ids[0]) == ncclSuccess);
+  REQUIRE(ncclGetUniqueId(&ids[1]) == ncclSuccess);
+  std::vector<ncclComm_t> comms(n);
+  REQUIRE(ncclGroupStart() == ncclSuccess);
+  for (int r = 0; r < n; ++r)
+    REQUIRE(ncclCommInitRankScalable(&comms[r], n, r, 2, ids, nullptr) == ncclSuccess);
+  REQUIRE(ncclGroupEnd() == ncclSuccess);
+  REQUIRE(allreduce_from_one_thread(comms) == "");
+  for (auto c : comms) REQUIRE(ncclCommDestroy(c) == ncclSuccess);
+}
+
+TEST_CASE("non-blocking communicators report progress through ncclCommGetAsyncError", "[ranks][api]") {
+  const int n = 2;
+  ncclUniqueId id;
+  REQUIRE(ncclGetUniqueId(&id) == ncclSuccess);
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;
+  config.commName = "nonblocking";
+  std::vector<ncclComm_t> comms(n);
+  for (int r = 0; r < n; ++r) {
+    ncclResult_t res = ncclCommInitRankConfig(&comms[r], n, id, r, &config);
+    REQUIRE((res == ncclSuccess || res == ncclInProgress));
+    REQUIRE(comms[r] != nullptr);
+  }
+  auto wait_ready = [&](ncclComm_t c) {
+    ncclResult_t state = ncclInProgress;
+    for (int i = 0; i < 20000 && state == ncclInProgress; ++i) {
+      REQUIRE(ncclCommGetAsyncError(c, &state) == ncclSuccess);
+      if (state == ncclInProgress) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    return state;
+  };
+  for (auto c : comms) REQUIRE(wait_ready(c) == ncclSuccess);
+  // A NULL-stream collective may return ncclInProgress; completion shows in the async state.
+  std::vector<std::vector<double>> bufs(n, std::vector<double>(100000, 2.0));
+  REQUIRE(ncclGroupStart() == ncclSuccess);
+  for (int r = 0; r < n; ++r)
+    ncclAllReduce(bufs[r].data(), bufs[r].data(), bufs[r].size(), ncclDouble, ncclSum, comms[r], nullptr);
+  ncclResult_t end = ncclGroupEnd();
+  REQUIRE((end == ncclSuccess || end == ncclInProgress));
+  for (auto c : comms) REQUIRE(wait_ready(c) == ncclSuccess);
+  for (auto& b : bufs) REQUIRE(b[99999] == 4.0);
+  for (auto c : comms) {
+    ncclResult_t fin = ncclCommFinalize(c);
+    REQUIRE((fin == ncclSuccess || fin == ncclInProgress));
+    REQUIRE(wait_ready(c) == ncclSuccess);
+    REQUIRE(ncclCommDestroy(c) == ncclSuccess);
+  }
+}
+
+TEST_CASE("ncclCommSplit by color and key, and NCCL_SPLIT_NOCOLOR", "[ranks][api]") {
+  const int n = 6;
+  RankGroup g(n);
+  std::vector<ncclComm_t> subs(n, nullptr);
+  std::string f = g.run([&](int r, ncclComm_t comm) -> std::string {
+    int color = r == 5 ? NCCL_SPLIT_NOCOLOR : r % 2;
+    int key = -r;  // reversed order inside each color
+    ncclResult_t res = ncclCommSplit(comm, color, key, &subs[r], nullptr);
+    if (res != ncclSuccess) return err(res, "split");
+    if (r == 5) return subs[r] == nullptr ? "" : "NOCOLOR must give NULL";
+    int count = 0, rank = 0;
+    ncclCommCount(subs[r], &count);
+    ncclCommUserRank(subs[r], &rank);
+    // color 0: ranks {0,2,4} ordered by key -> 4,2,0; color 1: {1,3} -> 3,1
+    int want_count = r % 2 == 0 ? 3 : 2;
+    int want_rank = r % 2 == 0 ? (4 - r) / 2 : (3 - r) / 2;
+    if (count != want_count || rank != want_rank)
+      return "got rank " + std::to_string(rank) + "/" + std::to_string(count);
+    std::vector<int> v(64, r);
+    res = ncclAllReduce(v.data(), v.data(), 64, ncclInt, ncclSum, subs[r], nullptr);
+    if (res != ncclSuccess) return err(res, "allreduce on split");
+    int want = r % 2 == 0 ? 0 + 2 + 4 : 1 + 3;
+    return v[63] == want ? "" : "wrong sum " + std::to_string(v[63]);
+  });
+  REQUIRE(f == "");
+  for (auto c : subs)
+    if (c) REQUIRE(ncclCommDestroy(c) == ncclSuccess);
+  // The parent is still usable.
+  Case c;
+  c.count = 1000;
+  REQUIRE(g.run([&](int, ncclComm_t comm) { return run_case(comm, c); }) == "");
+}
+
+TEST_CASE("ncclCommShrink without the excluded ranks", "[ranks][api]") {
+  const int n = 4;
+  RankGroup g(n);
+  std::vector<ncclComm_t> subs(n, nullptr);
+  std::string f = g.run([&](int r, ncclComm_t comm) -> std::string {
+    if (r == 1) return "";  // excluded: does not call
+    int excluded[] = {1};
+    ncclResult_t res = ncclCommShrink(comm, excluded, 1, &subs[r], nullptr, NCCL_SHRINK_DEFAULT);
+    if (res != ncclSuccess) return err(res, "shrink");
+    int count = 0, rank = 0;
+    ncclCommCount(subs[r], &count);
+    ncclCommUserRank(subs[r], &rank);
+    if (count != 3 || rank != (r == 0 ? 0 : r - 1)) return "bad rank/count";
+    Case c;
+    c.coll = Coll::kAllGather;
+    c.dtype = ncclInt64;
+    c.count = 777;
+    return run_case(subs[r], c);
+  });
+  REQUIRE(f == "");
+  for (auto c : subs)
+    if (c) REQUIRE(ncclCommDestroy(c) == ncclSuccess);
+}
+
+TEST_CASE("sends and receives in any order within a group, including to oneself", "[ranks][api]") {
+  const int n = 4;
+  RankGroup g(n);
+  std::string f = g.run([&](int r, ncclComm_t comm) -> std::string {
+    // Every rank sends a distinct block to every rank (itself included) and receives from all,
+    // posting in an order that differs per rank.
+    const size_t count = 4099;
+    std::vector<std::vector<int>> out(n, std::vector<int>(count)), in(n, std::vector<int>(count, -1));
+    for (int p = 0; p < n; ++p)
+      for (size_t i = 0; i < count; ++i) out[p][i] = static_cast<int>(r * 1000000 + p * 10000 + i);
+    std::vector<int> order(n);
+    std::iota(order.begin(), order.end(), 0);
+    if (r % 2) std::reverse(order.begin(), order.end());
+    ncclGroupStart();
+    for (int p : order) {
+      if (r == 2) {  // receives first
+        ncclRecv(in[p].data(), count, ncclInt, p, comm, nullptr);
+        ncclSend(out[p].data(), count, ncclInt, p, comm, nullptr);
+      } else {
+        ncclSend(out[p].data(), count, ncclInt, p, comm, nullptr);
+        ncclRecv(in[p].data(), count, ncclInt, p, comm, nullptr);
+      }
+    }
+    ncclResult_t res = ncclGroupEnd();
+    if (res != ncclSuccess) return err(res, "group");
+    for (int p = 0; p < n; ++p)
+      for (size_t i = 0; i < count; ++i)
+        if (in[p][i] != static_cast<int>(p * 1000000 + r * 10000 + i)) return "wrong data from " + std::to_string(p);
+    return "";
+  });
+  REQUIRE(f == "");
+}
+
+TEST_CASE("host streams run work in order, asynchronously", "[ranks][api][stream]") {
+  const int n = 3;
+  RankGroup g(n);
+  std::string f = g.run([&](int, ncclComm_t comm) -> std::string {
+    cudaStream_t s;
+    if (chorusStreamCreate(&s) != ncclSuccess) return "create";
+    const size_t count = 1 << 20;
+    std::vector<float> a(count, 1.0f), b(count);
+    std::atomic<int> callbacks{0};
+    // Three dependent operations and a host function, queued without waiting.
+    ncclAllReduce(a.data(), a.data(), count, ncclFloat, ncclSum, comm, s);  // a = n
+    ncclBroadcast(a.data(), b.data(), count, ncclFloat, 0, comm, s);         // b = n
+    ncclAllReduce(b.data(), b.data(), count, ncclFloat, ncclSum, comm, s);  // b = n*n
+    chorusLaunchHostFunc(s, [](void* arg) { static_cast<std::atomic<int>*>(arg)->fetch_add(1); },
+                         &callbacks);
+    ncclResult_t q = chorusStreamQuery(s);
+    if (q != ncclSuccess && q != ncclInProgress) return err(q, "query");
+    if (chorusStreamSynchronize(s) != ncclSuccess) return err(ncclInternalError, "sync");
+    if (chorusStreamQuery(s) != ncclSuccess) return "query after sync";
+    if (callbacks.load() != 1) return "host function did not run once";
+    if (b[count - 1] != static_cast<float>(n * n) || a[0] != static_cast<float>(n)) return "wrong result";
+    // Work queued on a stream may also be consumed by NULL-stream calls that follow it.
+    ncclAllReduce(a.data(), a.data(), count, ncclFloat, ncclSum, comm, s);
+    ncclAllReduce(a.data(), a.data(), count, ncclFloat, ncclSum, comm, nullptr);
+    if (a[7] != static_cast<float>(n * n * n)) return "stream then NULL stream: wrong order";
+    return chorusStreamDestroy(s) == ncclSuccess ? "" : "destroy";
+  });
+  REQUIRE(f == "");
+}
+
+TEST_CASE("PreMulSum reads a device-resident scalar when the collective runs", "[ranks][api]") {
+  const int n = 2;
+  RankGroup g(n);
+  std::string f = g.run([&](int r, ncclComm_t comm) -> std::string {
+    float scalar = 1.0f;
+    ncclRedOp_t op;
+    if (ncclRedOpCreatePreMulSum(&op, &scalar, ncclFloat, ncclScalarDevice, comm) != ncclSuccess) return "create";
+    scalar = static_cast<float>(r + 2);  // changed after creation: must be used
+    std::vector<float> v(100, 1.0f);
+    ncclResult_t res = ncclAllReduce(v.data(), v.data(), 100, ncclFloat, op, comm, nullptr);
+    ncclRedOpDestroy(op, comm);
+    if (res != ncclSuccess) return err(res, "allreduce");
+    return v[50] == 2.0f + 3.0f ? "" : "scalar not read at run time";
+  });
+  REQUIRE(f == "");
+}
+
+TEST_CASE("memory allocation, registration and windows", "[ranks][api]") {
+  RankGroup g(1);
+  void* p = nullptr;
+  REQUIRE(ncclMemAlloc(&p, 1000) == ncclSuccess);
+  REQUIRE(reinterpret_cast<uintptr_t>(p) % 4096 == 0);
+  std::memset(p, 1, 1000);
+  void* handle = nullptr;
+  REQUIRE(ncclCommRegister(g.comm(0), p, 1000, &handle) == ncclSuccess);
+  REQUIRE(ncclCommDeregister(g.comm(0), handle) == ncclSuccess);
+  ncclWindow_t win = nullptr;
+  REQUIRE(ncclCommWindowRegister(g.comm(0), p, 4096, &win, NCCL_WIN_COLL_SYMMETRIC) == ncclSuccess);
+  REQUIRE(ncclCommWindowDeregister(g.comm(0), win) == ncclSuccess);
+  REQUIRE(ncclMemFree(p) == ncclSuccess);
+}
+
+TEST_CASE("finalize, revoke, then destroy", "[ranks][api]") {
+  ncclComm_t comms[2];
+  REQUIRE(ncclCommInitAll(comms, 2, nullptr) == ncclSuccess);
+  REQUIRE(allreduce_from_one_thread({comms[0], comms[1]}) == "");
+  REQUIRE(ncclCommFinalize(comms[0]) == ncclSuccess);
+  float x = 0;
+  REQUIRE(ncclAllReduce(&x, &x, 1, ncclFloat, ncclSum, comms[0], nullptr) == ncclInvalidUsage);
+  REQUIRE(ncclCommRevoke(comms[1], NCCL_REVOKE_DEFAULT) == ncclSuccess);
+  REQUIRE(ncclAllReduce(&x, &x, 1, ncclFloat, ncclSum, comms[1], nullptr) == ncclInvalidUsage);
+  REQUIRE(ncclCommDestroy(comms[0]) == ncclSuccess);
+  REQUIRE(ncclCommDestroy(comms[1]) == ncclSuccess);
+}
+
+TEST_CASE("ncclGroupSimulateEnd estimates without running", "[ranks][api]") {
+  RankGroup g(1);
+  std::vector<float> v(1 << 20, 1.0f);
+  ncclSimInfo_t sim = NCCL_SIM_INFO_INITIALIZER;
+  REQUIRE(ncclGroupStart() == ncclSuccess);
+  REQUIRE(ncclAllReduce(v.data(), v.data(), v.size(), ncclFloat, ncclSum, g.comm(0), nullptr) == ncclSuccess);
+  REQUIRE(ncclGroupSimulateEnd(&sim) == ncclSuccess);
+  REQUIRE(sim.estimatedTime > 0);
+}
+
+}  // namespace
+}  // namespace chorus::test
