@@ -5,6 +5,7 @@
  *
  *   allreduce_mp [nranks=4] [count=1048576]
  */
+#define _POSIX_C_SOURCE 200809L
 #include <nccl.h>
 #include <stdio.h>
 #include <stdlib.h>

@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // File: tools/chorus_run.cc
 // chorus-run: start N ranks of a program on this host.
-//   chorus-run -n 4 [--timeout SECONDS] [-x NAME=value]... program [args...]
+//   chorus-run -n 4 [--timeout SECONDS] [-x NAME=value]... [--netns NS0,NS1,...] program [args...]
+// --netns places rank r in network namespace NS[r % count], each namespace standing for a host.
 // Exit status: 0 if every rank succeeded, else the first failing rank's status.
 #include <fmt/format.h>
 
@@ -13,7 +14,8 @@
 namespace {
 int usage(const char* self) {
   fmt::print(stderr,
-             "usage: {} -n NRANKS [--timeout SECONDS] [-x NAME=value]... program [args...]\n",
+             "usage: {} -n NRANKS [--timeout SECONDS] [-x NAME=value]... [--netns NS,...] "
+             "program [args...]\n",
              self);
   return 2;
 }
@@ -29,6 +31,14 @@ int main(int argc, char** argv) {
       o.timeout_ms = std::atoi(argv[++i]) * 1000;
     } else if (!std::strcmp(argv[i], "-x") && i + 1 < argc) {
       o.env.emplace_back(argv[++i]);
+    } else if (!std::strcmp(argv[i], "--netns") && i + 1 < argc) {
+      std::string list = argv[++i];
+      for (size_t pos = 0; pos <= list.size();) {
+        size_t comma = list.find(',', pos);
+        o.netns.push_back(list.substr(pos, comma - pos));
+        if (comma == std::string::npos) break;
+        pos = comma + 1;
+      }
     } else {
       return usage(argv[0]);
     }

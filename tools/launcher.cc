@@ -3,11 +3,14 @@
 
 #include <chorus/launch.h>
 #include <fmt/format.h>
+#include <fcntl.h>
+#include <sched.h>
 #include <signal.h>
 #include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <thread>
 
@@ -55,6 +58,49 @@ std::vector<std::string> rank_environment(const Options& o, const std::string& i
   return env;
 }
 
+// fork + setns + exec: posix_spawn cannot enter a network namespace. Everything the child
+// touches is prepared before fork(); the child only makes async-signal-safe calls.
+Result<pid_t> spawn_in_netns(const std::string& program, char* const* argv, char* const* envp,
+                             const std::string& netns) {
+  std::string path = "/var/run/netns/" + netns;
+  int ns_fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (ns_fd < 0) return system_error(errno, fmt::format("open {}", path));
+  pid_t pid = fork();
+  if (pid < 0) {
+    close(ns_fd);
+    return system_error(errno, "fork");
+  }
+  if (pid == 0) {
+    static const char kSetns[] = "chorus-run: setns failed\n";
+    static const char kExec[] = "chorus-run: exec failed\n";
+    if (setns(ns_fd, CLONE_NEWNET) != 0) {
+      [[maybe_unused]] ssize_t n = write(2, kSetns, sizeof(kSetns) - 1);
+      _exit(127);
+    }
+    execve(program.c_str(), argv, envp);
+    [[maybe_unused]] ssize_t n = write(2, kExec, sizeof(kExec) - 1);
+    _exit(127);
+  }
+  close(ns_fd);
+  return pid;
+}
+
+// The program's path, as execvp would find it (resolved before any fork).
+std::string resolve_program(const std::string& name) {
+  if (name.find('/') != std::string::npos) return name;
+  const char* path = std::getenv("PATH");
+  std::string dirs = path ? path : "/usr/bin:/bin";
+  size_t pos = 0;
+  while (pos <= dirs.size()) {
+    size_t colon = dirs.find(':', pos);
+    std::string candidate = dirs.substr(pos, colon - pos) + "/" + name;
+    if (access(candidate.c_str(), X_OK) == 0) return candidate;
+    if (colon == std::string::npos) break;
+    pos = colon + 1;
+  }
+  return name;
+}
+
 void stop_all(std::vector<RankExit>& ranks, const std::vector<bool>& done) {
   for (size_t r = 0; r < ranks.size(); ++r)
     if (!done[r]) {
@@ -83,11 +129,20 @@ Result<std::vector<RankExit>> run(const Options& o) {
     for (auto& e : env) envp.push_back(e.data());
     envp.push_back(nullptr);
     ranks[r].rank = r;
-    int err = posix_spawnp(&ranks[r].pid, argv[0], nullptr, nullptr, argv.data(), envp.data());
-    if (err != 0) {
+    Status started;
+    if (o.netns.empty()) {
+      int err = posix_spawnp(&ranks[r].pid, argv[0], nullptr, nullptr, argv.data(), envp.data());
+      if (err != 0) started = system_error(err, fmt::format("cannot start {}", o.argv[0]));
+    } else {
+      auto pid = spawn_in_netns(resolve_program(o.argv[0]), argv.data(), envp.data(),
+                                o.netns[r % o.netns.size()]);
+      if (pid.ok()) ranks[r].pid = *pid;
+      else started = pid.take_status();
+    }
+    if (!started.ok()) {
       stop_all(ranks, done);
       for (int k = 0; k < r; ++k) waitpid(ranks[k].pid, &ranks[k].status, 0);
-      return system_error(err, fmt::format("cannot start {}", o.argv[0]));
+      return started;
     }
   }
   Deadline deadline = o.timeout_ms > 0 ? Deadline::after_ms(o.timeout_ms) : Deadline::never();

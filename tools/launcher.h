@@ -19,6 +19,9 @@ struct Options {
   std::vector<std::string> argv;  // the program (looked up in PATH) and its arguments
   std::vector<std::string> env;   // extra "NAME=value" for every rank
   int timeout_ms = 0;             // 0: no timeout
+  // Network namespaces (names under /var/run/netns, as `ip netns add` makes them) standing for
+  // hosts: rank r runs in netns[r % size]. Empty: all ranks in the launcher's namespace.
+  std::vector<std::string> netns;
 };
 
 struct RankExit {

@@ -110,7 +110,7 @@ class RootServer {
   uint32_t group_ = 0;
   int expected_ = 0;  // blobs this root collects itself (its group, or everyone at root 0)
   std::vector<std::string> blobs_;
-  std::vector<uint8_t> have_;
+  std::vector<uint8_t> have_;  // per rank: 0 missing, 1 collected here, 2 relayed by root 0
   int joined_ = 0;
   std::vector<uint8_t> forwarded_groups_;
   // Group roots only: root 0, learned from the ranks' HELLOs.

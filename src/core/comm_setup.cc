@@ -141,7 +141,12 @@ Status Comm::setup(const ExchangeFn& exchange) {
   }
   CHORUS_RETURN_IF_ERROR(connect_transports(infos));
   set_state(State::kReady);
-  CHORUS_INFO(kInit, "{} ready: {} channel(s)", describe(), channels_);
+  if (log::enabled(log::Level::kInfo, log::kInit)) {
+    int counts[4] = {};
+    for (TransportKind k : transport_) ++counts[static_cast<int>(k)];
+    CHORUS_INFO(kInit, "{} ready on {}: peers over direct {}, shm {}, tcp {}; {} channel(s)",
+                describe(), me.hostname, counts[1], counts[2], counts[3], channels_);
+  }
   return Status();
 }
 
@@ -182,7 +187,7 @@ Status Comm::connect_transports(const std::vector<PeerInfo>& infos) {
     shm::ShmSetup setup;
     setup.rank = rank();
     setup.channels = channels_;
-    setup.fifo_bytes = static_cast<size_t>(params::kShmFifoBytes.get());
+    setup.fifo_bytes = static_cast<size_t>(params::kShmFifoBytes.get()) / 64 * 64;
     setup.segment = shm_segment_.get();
     setup.local_ranks = local_ranks;
     setup.deadline = deadline;

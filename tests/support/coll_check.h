@@ -1,9 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // File: tests/support/coll_check.h
 // Runs one collective on one rank with generated inputs and checks its output exactly, as
-// nccl-tests does: inputs are small integers chosen per datatype and operator so that every
-// partial result is exactly representable, whatever order the algorithm reduces in; the
-// expected value of each output element is recomputed from the generator. Only nccl.h and
+// nccl-tests does, with the generator of bench/common/verifiable.h. Only nccl.h and
 // chorus/stream.h are used, so the same code checks ranks in threads and in processes.
 #pragma once
 
@@ -13,26 +11,20 @@
 #include <string>
 #include <vector>
 
+#include "bench/common/verifiable.h"
+
 namespace chorus::test {
 
-enum class Coll {
-  kAllReduce,
-  kReduceScatter,
-  kAllGather,
-  kBroadcast,
-  kReduce,
-  kAlltoAll,
-  kGather,
-  kScatter,
-  kSendRecv,  // each rank sends to rank+1 and receives from rank-1, in one group
-};
-const char* coll_name(Coll c);
-bool coll_reduces(Coll c);
-bool coll_rooted(Coll c);
+// The collectives, their names and the generator live in bench/common/verifiable.h, shared
+// with the benchmarks.
+using verify::Coll;
+using verify::coll_name;
+using verify::coll_reduces;
+using verify::coll_rooted;
 
 // 0..4: the built-in ncclRedOp_t; 5: a PreMulSum with scalar 1 on even and 2 on odd ranks.
-inline constexpr int kPreMulSum = 5;
-inline constexpr int kNumTestOps = 6;
+inline constexpr int kPreMulSum = verify::kPreMulSum;
+inline constexpr int kNumTestOps = verify::kNumOps;
 const char* op_name(int op);
 
 struct Case {

@@ -27,6 +27,7 @@ void DirectConnection::close_locked(Inbox* box, const Status& why) {
   box->closed_by = my_rank_;
   box->error = why;
   for (SendRequest* s : box->sends) s->fail();
+  box->finished += box->sends.size();
   box->sends.clear();
 }
 
@@ -35,7 +36,7 @@ void DirectConnection::post_send(SendRequest* req) {
     std::lock_guard<std::mutex> lock(out_->mutex);
     if (!out_->closed) {
       out_->sends.push_back(req);
-      sends_.push_back(req);
+      ++posted_;
       ProcessContext::get().ring_local();
       return;
     }
@@ -77,6 +78,7 @@ bool DirectConnection::consume_one() {
     std::memcpy(r->dst, s->buf, r->bytes);
   }
   in_->sends.pop_front();
+  ++in_->finished;
   s->bytes_done.store(s->bytes, std::memory_order_relaxed);
   r->bytes_done.store(r->bytes, std::memory_order_relaxed);
   s->complete();
@@ -89,21 +91,23 @@ bool DirectConnection::consume_one() {
 bool DirectConnection::progress() {
   bool moved = false;
   while (!recvs_.empty() && consume_one()) moved = true;
-  while (!sends_.empty() && sends_.front()->done()) {
-    if (sends_.front()->failed()) {
-      std::lock_guard<std::mutex> lock(out_->mutex);
+  // Our sends are completed (or failed) by the peer; we never touch them again after posting,
+  // since their owner may free them as soon as they complete. Only learn why a send failed.
+  if (error().ok() && posted_ > 0) {
+    std::lock_guard<std::mutex> lock(out_->mutex);
+    if (out_->closed && !out_->error.ok()) {
       set_error(out_->error);
-      for (SendRequest* s : sends_) s->fail();
-      sends_.clear();
-      return true;
+      moved = true;
     }
-    sends_.pop_front();
-    moved = true;
   }
   return moved;
 }
 
-bool DirectConnection::idle() const { return recvs_.empty() && sends_.empty(); }
+bool DirectConnection::idle() const {
+  if (!recvs_.empty()) return false;
+  std::lock_guard<std::mutex> lock(out_->mutex);
+  return out_->finished == posted_;
+}
 
 void DirectConnection::fail_all(Status status) {
   set_error(std::move(status));

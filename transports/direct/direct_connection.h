@@ -20,6 +20,7 @@ class Inbox {
   bool closed = false;
   int closed_by = -1;               // rank that closed it
   Status error;                     // why it was closed, for the other side
+  uint64_t finished = 0;            // sends consumed or failed, ever
 };
 
 class DirectConnection final : public Connection {
@@ -44,7 +45,7 @@ class DirectConnection final : public Connection {
   int my_rank_;
   std::shared_ptr<Inbox> out_;  // the peer's inbox for our sends
   std::shared_ptr<Inbox> in_;   // our inbox for the peer's sends
-  std::deque<SendRequest*> sends_;  // posted by us, not yet completed by the peer
+  uint64_t posted_ = 0;  // sends we queued in out_, ever (compared with out_->finished)
   std::deque<RecvRequest*> recvs_;
 };
 

@@ -75,6 +75,7 @@ class Connector {
   void accept_new();
   Status advance(Link& l, short revents);
   Status after_connect(Link& l, int err);
+  void on_authenticated(Link& l);
   Status on_ident(Link& l);
   void handle(Link& l, short revents);
   void complete(Link& l);
@@ -297,11 +298,7 @@ Status Connector::advance(Link& l, short revents) {
         if (now_ns() < l.retry_at_ns) return ok_status();
         int err = 0;
         CHORUS_ASSIGN_OR_RETURN(l.fd, net::connect_start(l.addr, &err));
-        if (err == EINPROGRESS) {
-          l.phase = Link::Phase::kConnecting;
-          l.events = POLLOUT;
-          return ok_status();
-        }
+        if (err == EINPROGRESS) err = -1;  // not finished: wait for POLLOUT
         CHORUS_RETURN_IF_ERROR(after_connect(l, err));
         if (l.phase != Link::Phase::kAuth) return ok_status();
         continue;
@@ -314,16 +311,7 @@ Status Connector::advance(Link& l, short revents) {
       case Link::Phase::kAuth: {
         CHORUS_ASSIGN_OR_RETURN(l.events, l.hs->advance(l.fd.get()));
         if (l.events != 0) return ok_status();
-        l.hs.reset();
-        l.want = kIdentBytes;
-        l.phase = l.outgoing ? Link::Phase::kSendIdent : Link::Phase::kRecvIdent;
-        if (l.outgoing) {
-          put_u32(l.buf, kIdentMagic);
-          put_u32(l.buf + 4, static_cast<uint32_t>(setup_.rank));
-          put_u32(l.buf + 8, static_cast<uint32_t>(l.channel));
-          put_u32(l.buf + 12, 0);
-          put_u64(l.buf + 16, setup_.comm_uid);
-        }
+        on_authenticated(l);
         continue;
       }
       case Link::Phase::kSendIdent: {
@@ -362,8 +350,14 @@ Status Connector::advance(Link& l, short revents) {
   }
 }
 
-// The end of one connect attempt: connected (-> kAuth), retry later, or give up.
+// The end of one connect attempt (err -1: still in progress): connected (-> kAuth), retry
+// later, or give up.
 Status Connector::after_connect(Link& l, int err) {
+  if (err == -1) {
+    l.phase = Link::Phase::kConnecting;
+    l.events = POLLOUT;
+    return ok_status();
+  }
   if (err == 0) {
     l.hs = std::make_unique<bootstrap::Handshake>(bootstrap::Handshake::Role::kInitiator,
                                                   setup_.secret, context_, l.addr.to_string());
@@ -374,6 +368,19 @@ Status Connector::after_connect(Link& l, int err) {
   l.last_error = std::strerror(err);
   retry_later(l);
   return ok_status();
+}
+
+// Next: the connector identifies itself, the acceptor waits for that.
+void Connector::on_authenticated(Link& l) {
+  l.hs.reset();
+  l.want = kIdentBytes;
+  l.phase = l.outgoing ? Link::Phase::kSendIdent : Link::Phase::kRecvIdent;
+  if (!l.outgoing) return;
+  put_u32(l.buf, kIdentMagic);
+  put_u32(l.buf + 4, static_cast<uint32_t>(setup_.rank));
+  put_u32(l.buf + 8, static_cast<uint32_t>(l.channel));
+  put_u32(l.buf + 12, 0);
+  put_u64(l.buf + 16, setup_.comm_uid);
 }
 
 Status Connector::on_ident(Link& l) {

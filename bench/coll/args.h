@@ -1,0 +1,55 @@
+// SPDX-License-Identifier: Apache-2.0
+// File: bench/coll/args.h
+// The nccl-tests command line of the *_perf tools: options, their parsing and validation with
+// a message per mistake, the help text, and the datatype and operator names.
+#pragma once
+
+#include <nccl.h>
+
+#include <cstddef>
+#include <string>
+#include <vector>
+
+namespace chorus::bench {
+
+inline constexpr int kAllRoots = -1;  // -r all: every rank in turn
+
+struct Options {
+  size_t min_bytes = size_t{32} << 20;  // -b
+  size_t max_bytes = size_t{32} << 20;  // -e
+  size_t step_bytes = size_t{1} << 20;  // -i (used when step_factor <= 1)
+  size_t step_factor = 1;               // -f (> 1: multiply instead of add)
+  int iters = 20;                       // -n
+  int warmup_iters = 1;                 // -w
+  int check_iters = 1;                  // -c (0: no correctness check)
+  std::vector<int> ops{ncclSum};        // -o: ncclRedOp_t values, verify::kPreMulSum for mulsum
+  std::vector<ncclDataType_t> dtypes{ncclFloat};  // -d
+  int root = 0;                                   // -r, or kAllRoots
+  int nthreads = 1;                               // -t: ranks run as threads of each process
+  int average = 1;                                // -a: 0 rank 0, 1 mean, 2 min, 3 max over ranks
+  int blocking = 0;         // -z: 0 host stream, then synchronize; 1 NULL stream
+  int timeout_s = 0;        // -T: 0 none
+  std::string output_file;  // -J
+  bool help = false;        // -h
+};
+
+struct ParsedOptions {
+  Options options;
+  std::string error;  // non-empty: what was wrong with the command line
+};
+
+// Parses argv as nccl-tests does (short and long forms, "--name=value" too). Unknown options,
+// missing or malformed values and inconsistent sizes are reported in `error`.
+ParsedOptions parse_options(int argc, char** argv);
+
+// The help text (-h), for `program`.
+std::string usage_text(const char* program);
+
+// The message sizes in bytes, from min_bytes to max_bytes by step_factor or step_bytes.
+std::vector<size_t> message_sizes(const Options& o);
+
+// nccl-tests' names: "float", "bfloat16", "f8e4m3"...; "sum", ..., "mulsum", "none".
+const char* dtype_name(ncclDataType_t t);
+const char* op_name(int op);
+
+}  // namespace chorus::bench

@@ -1,0 +1,175 @@
+// SPDX-License-Identifier: Apache-2.0
+// File: bench/coll/bench_coll_test.cc
+// Unit tests of the *_perf tools' pure parts: command-line parsing and its errors, the size
+// sequence, nccl-tests' counts and bandwidth formulas per collective, and the verifier's
+// input/output extents. (The tools themselves run in the bench-smoke tests.)
+#define CATCH_CONFIG_MAIN
+#include <catch2/catch.hpp>
+#include <initializer_list>
+#include <string>
+#include <vector>
+
+#include "bench/coll/args.h"
+#include "bench/coll/collective.h"
+#include "bench/common/verifiable.h"
+
+namespace chorus::bench {
+namespace {
+
+using verify::Coll;
+
+ParsedOptions parse(std::initializer_list<const char*> args) {
+  std::vector<std::string> storage{"tool"};
+  for (const char* a : args) storage.emplace_back(a);
+  std::vector<char*> argv;
+  for (std::string& s : storage) argv.push_back(s.data());
+  argv.push_back(nullptr);
+  return parse_options(static_cast<int>(storage.size()), argv.data());
+}
+
+TEST_CASE("defaults are nccl-tests'", "[unit][bench]") {
+  ParsedOptions p = parse({});
+  REQUIRE(p.error.empty());
+  CHECK(p.options.min_bytes == 32u << 20);
+  CHECK(p.options.max_bytes == 32u << 20);
+  CHECK(p.options.iters == 20);
+  CHECK(p.options.warmup_iters == 1);
+  CHECK(p.options.check_iters == 1);
+  CHECK(p.options.average == 1);
+  CHECK(p.options.dtypes == std::vector<ncclDataType_t>{ncclFloat});
+  CHECK(p.options.ops == std::vector<int>{ncclSum});
+}
+
+TEST_CASE("short, long and --name=value forms", "[unit][bench]") {
+  ParsedOptions p = parse({"-b",  "8",   "--maxbytes", "64M", "--stepfactor=2",
+                           "-t2", "-d",  "half,bf16",  "-o",  "all",
+                           "-r",  "all", "-a",         "3",   "-z",
+                           "1",   "-J",  "out.json",   "-T",  "30",
+                           "-n",  "5",   "-w",         "0",   "-c",
+                           "0",   "-g",  "1"});
+  REQUIRE(p.error.empty());
+  const Options& o = p.options;
+  CHECK(o.min_bytes == 8);
+  CHECK(o.max_bytes == 64u << 20);
+  CHECK(o.step_factor == 2);
+  CHECK(o.nthreads == 2);
+  CHECK(o.dtypes == std::vector<ncclDataType_t>{ncclFloat16, ncclBfloat16});
+  CHECK(o.ops.size() == 6);
+  CHECK(o.ops.back() == verify::kPreMulSum);
+  CHECK(o.root == kAllRoots);
+  CHECK(o.average == 3);
+  CHECK(o.blocking == 1);
+  CHECK(o.output_file == "out.json");
+  CHECK(o.timeout_s == 30);
+  CHECK(o.iters == 5);
+  CHECK(o.warmup_iters == 0);
+  CHECK(o.check_iters == 0);
+  CHECK(parse({"-d", "all"}).options.dtypes.size() == ncclNumTypes);
+  CHECK(parse({"-b", "1.5K"}).options.min_bytes == 1536);
+  CHECK(parse({"-b", "1g", "-e", "1G"}).options.min_bytes == size_t{1} << 30);
+}
+
+TEST_CASE("every mistake is named", "[unit][bench]") {
+  auto error = [](std::initializer_list<const char*> args) { return parse(args).error; };
+  CHECK(error({"--nope"}) == "unknown option '--nope'");
+  CHECK(error({"-x"}) == "unknown option '-x'");
+  CHECK(error({"-b"}) == "option '-b' needs a value");
+  CHECK(error({"extra"}) == "unexpected argument 'extra'");
+  CHECK(error({"-b", "12Q"}).find("-b/--minbytes: '12Q' is not a size") == 0);
+  CHECK(error({"-b", "-5"}).find("is not a size") != std::string::npos);
+  CHECK(error({"-n", "0"}).find("-n/--iters") == 0);
+  CHECK(error({"-n", "3x"}).find("-n/--iters") == 0);
+  CHECK(error({"-a", "4"}).find("-a/--average") == 0);
+  CHECK(error({"-z", "2"}).find("-z/--blocking") == 0);
+  CHECK(error({"-t", "0"}).find("-t/--nthreads") == 0);
+  CHECK(error({"-g", "2"}).find("only 1 is valid") != std::string::npos);
+  CHECK(error({"-d", "float,int7"}).find("unknown datatype 'int7'") != std::string::npos);
+  CHECK(error({"-o", "xor"}).find("unknown operator 'xor'") != std::string::npos);
+  CHECK(error({"-r", "x"}).find("-r/--root") == 0);
+  CHECK(error({"-b", "2K", "-e", "1K"}).find("is larger than") != std::string::npos);
+  CHECK(error({"-b", "1K", "-e", "2K", "-i", "0"}).find("never reach") != std::string::npos);
+  CHECK(error({"-b", "0", "-e", "2K", "-f", "2"}).find("never grows") != std::string::npos);
+  CHECK(parse({"-h"}).options.help);
+}
+
+TEST_CASE("message sizes step by factor or by bytes", "[unit][bench]") {
+  Options o;
+  o.min_bytes = 8;
+  o.max_bytes = 64;
+  o.step_factor = 2;
+  CHECK(message_sizes(o) == std::vector<size_t>{8, 16, 32, 64});
+  o.step_factor = 1;
+  o.step_bytes = 20;
+  CHECK(message_sizes(o) == std::vector<size_t>{8, 28, 48});
+  o.min_bytes = o.max_bytes = 100;
+  o.step_bytes = 0;
+  CHECK(message_sizes(o) == std::vector<size_t>{100});
+}
+
+TEST_CASE("counts follow nccl-tests' getCollByteCount", "[unit][bench]") {
+  // 1000 elements over 4 ranks.
+  Layout ar = collective(Coll::kAllReduce).layout(1000, 4);
+  CHECK((ar.send_count == 1000 && ar.recv_count == 1000 && ar.param_count == 1000));
+  Layout ag = collective(Coll::kAllGather).layout(1000, 4);
+  CHECK((ag.send_count == 250 && ag.recv_count == 1000 && ag.param_count == 250));
+  CHECK((ag.send_inplace_offset == 250 && ag.recv_inplace_offset == 0));
+  Layout rs = collective(Coll::kReduceScatter).layout(1002, 4);
+  CHECK((rs.send_count == 1000 && rs.recv_count == 250 && rs.param_count == 250));
+  CHECK((rs.send_inplace_offset == 0 && rs.recv_inplace_offset == 250));
+  Layout a2a = collective(Coll::kAlltoAll).layout(1000, 4);
+  CHECK((a2a.send_count == 1000 && a2a.recv_count == 1000 && a2a.param_count == 250));
+  Layout g = collective(Coll::kGather).layout(1000, 4);
+  CHECK((g.param_count == 250 && g.send_inplace_offset == 250));
+  Layout s = collective(Coll::kScatter).layout(1000, 4);
+  CHECK((s.param_count == 250 && s.recv_inplace_offset == 250));
+  CHECK(collective(Coll::kAllGather).layout(3, 4).param_count == 0);
+  CHECK(collective(Coll::kSendRecv).layout(7, 4).param_count == 7);
+}
+
+TEST_CASE("bandwidth formulas of PERFORMANCE.md", "[unit][bench]") {
+  // 1e9 bytes in 1 s is 1 GB/s of algbw for whole-message collectives, n GB/s for the others.
+  const size_t gb = 1000000000;
+  CHECK(algbw_gbps(collective(Coll::kAllReduce), gb, 4, 1.0) == Approx(1.0));
+  CHECK(collective(Coll::kAllReduce).bus_factor(4) == Approx(1.5));
+  for (Coll c :
+       {Coll::kReduceScatter, Coll::kAllGather, Coll::kAlltoAll, Coll::kGather, Coll::kScatter}) {
+    CHECK(algbw_gbps(collective(c), gb, 4, 1.0) == Approx(4.0));
+    CHECK(collective(c).bus_factor(4) == Approx(0.75));
+  }
+  for (Coll c : {Coll::kBroadcast, Coll::kReduce, Coll::kSendRecv}) {
+    CHECK(algbw_gbps(collective(c), gb, 4, 2.0) == Approx(0.5));
+    CHECK(collective(c).bus_factor(4) == Approx(1.0));
+  }
+  CHECK(collective(Coll::kAllReduce).bus_factor(1) == Approx(0.0));
+  CHECK(!collective(Coll::kSendRecv).checks_in_place);
+}
+
+TEST_CASE("verifier extents and exact expectations", "[unit][bench]") {
+  auto v = verify::Verifier::create({Coll::kScatter, ncclFloat, ncclSum, 4, 10, 2});
+  REQUIRE(v != nullptr);
+  CHECK(v->input_count(2) == 40);
+  CHECK(v->input_count(1) == 0);
+  CHECK(v->output_count(1) == 10);
+  auto g = verify::Verifier::create({Coll::kGather, ncclInt32, ncclSum, 3, 5, 0});
+  CHECK(g->output_count(0) == 15);
+  CHECK(g->output_count(1) == 0);
+  // An AllReduce's expected output is what summing every rank's input gives, exactly.
+  auto ar = verify::Verifier::create({Coll::kAllReduce, ncclFloat, ncclSum, 3, 64, 0});
+  std::vector<float> sum(64, 0.0f), in(64), want(64);
+  for (int r = 0; r < 3; ++r) {
+    ar->fill_input(r, in.data(), 0, 64);
+    for (size_t i = 0; i < 64; ++i) sum[i] += in[i];
+  }
+  ar->fill_expected(0, want.data(), 0, 64);
+  CHECK(want == sum);
+  CHECK(ar->check(1, sum.data()).wrong == 0);
+  sum[5] += 1;
+  verify::Mismatch m = ar->check(1, sum.data());
+  CHECK(m.wrong == 1);
+  CHECK(m.first.find("[5]") != std::string::npos);
+  CHECK(verify::Verifier::create({Coll::kAllReduce, static_cast<ncclDataType_t>(99), 0, 2, 1, 0}) ==
+        nullptr);
+}
+
+}  // namespace
+}  // namespace chorus::bench

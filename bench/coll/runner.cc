@@ -1,0 +1,320 @@
+// SPDX-License-Identifier: Apache-2.0
+// File: bench/coll/runner.cc
+// The per-rank benchmark loop, following nccl-tests' TimeTest/BenchTime: warm-up at the
+// largest and smallest size, then per size and placement one untimed call, a barrier, -n timed
+// calls, the time combined over ranks per -a, and -c checked calls on fresh inputs.
+#include "bench/coll/runner.h"
+
+#include <chorus/stream.h>
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+
+namespace chorus::bench {
+
+namespace {
+
+constexpr size_t kPage = 4096;
+
+const char* placement_name(bool in_place) { return in_place ? "in-place" : "out-of-place"; }
+
+}  // namespace
+
+RankRunner::RankRunner(Job& job, int local, Reporter* reporter)
+    : job_(job),
+      options_(job.options()),
+      coll_(job.coll()),
+      local_(local),
+      rank_(job.global_rank(local)),
+      nranks_(job.nranks()),
+      reporter_(reporter),
+      coll_call_(coll_.coll == verify::Coll::kSendRecv
+                     ? "ncclSend/ncclRecv group"
+                     : fmt::format("nccl{}", verify::coll_name(coll_.coll))) {}
+
+RankRunner::~RankRunner() { teardown(); }
+
+void RankRunner::FreeDeleter::operator()(unsigned char* p) const { std::free(p); }
+
+bool RankRunner::ok(ncclResult_t r, const char* what) {
+  if (r == ncclSuccess) return true;
+  // After the job failed, errors are the expected echo of the abort: only the first is news.
+  if (!job_.failed()) {
+    job_.fail(fmt::format("rank {}: {} failed: {} ({})", rank_, what, ncclGetErrorString(r),
+                          ncclGetLastError(nullptr)));
+  }
+  return false;
+}
+
+bool RankRunner::run() {
+  bool good = setup();
+  std::vector<RankInfo> ranks;
+  if (good) good = exchange_rank_info(&ranks);
+  const bool reporting = good && reporter_ != nullptr;
+  if (reporting) reporter_->begin(ranks);
+  if (good) good = run_tests();
+  teardown();
+  if (reporting) reporter_->end(job_.failed() ? job_.first_error() : std::string());
+  return good && !any_wrong_ && !job_.failed();
+}
+
+bool RankRunner::allocate(Buffer* buffer, size_t bytes) {
+  size_t rounded = (std::max<size_t>(bytes, 1) + kPage - 1) / kPage * kPage;
+  void* p = std::aligned_alloc(kPage, rounded);
+  if (p == nullptr) {
+    job_.fail(fmt::format("rank {}: cannot allocate {} bytes of buffer", rank_, rounded));
+    return false;
+  }
+  std::memset(p, 0, rounded);
+  buffer->data.reset(static_cast<unsigned char*>(p));
+  buffer->bytes = rounded;
+  return true;
+}
+
+bool RankRunner::setup() {
+  ncclComm_t comm = nullptr;
+  if (!ok(ncclCommInitRank(&comm, nranks_, job_.world().id, rank_), "ncclCommInitRank"))
+    return false;
+  comm_ = comm;
+  job_.adopt(local_, comm_);
+  if (options_.blocking == 0 && !ok(chorusStreamCreate(&stream_), "chorusStreamCreate"))
+    return false;
+  return allocate(&send_, options_.max_bytes) && allocate(&recv_, options_.max_bytes);
+}
+
+bool RankRunner::exchange_rank_info(std::vector<RankInfo>* ranks) {
+  RankInfo mine;
+  mine.rank = rank_;
+  mine.proc = job_.world().proc;
+  mine.pid = static_cast<int32_t>(getpid());
+  if (!ok(ncclCommCuDevice(comm_, &mine.device), "ncclCommCuDevice")) return false;
+  if (gethostname(mine.host, sizeof(mine.host) - 1) != 0) std::strcpy(mine.host, "?");
+  ranks->resize(static_cast<size_t>(nranks_));
+  return ok(ncclAllGather(&mine, ranks->data(), sizeof(RankInfo), ncclUint8, comm_, nullptr),
+            "ncclAllGather (rank information)");
+}
+
+void RankRunner::teardown() {
+  if (stream_ != nullptr) {
+    ncclResult_t r = chorusStreamDestroy(stream_);
+    stream_ = nullptr;
+    if (!job_.failed()) ok(r, "chorusStreamDestroy");
+  }
+  if (comm_ != nullptr) {
+    ncclResult_t r = job_.destroy(local_);
+    comm_ = nullptr;
+    if (!job_.failed()) ok(r, "ncclCommDestroy");
+  }
+}
+
+bool RankRunner::run_tests() {
+  std::vector<int> ops{-1};
+  if (verify::coll_reduces(coll_.coll)) ops = options_.ops;
+  std::vector<int> roots{-1};
+  if (verify::coll_rooted(coll_.coll)) {
+    roots = {options_.root};
+    if (options_.root == kAllRoots) {
+      roots.clear();
+      for (int r = 0; r < nranks_; ++r) roots.push_back(r);
+    }
+  }
+  for (ncclDataType_t dtype : options_.dtypes)
+    for (int op : ops)
+      for (int root : roots)
+        if (!time_test(dtype, op, root)) return false;
+  return true;
+}
+
+bool RankRunner::create_op(ncclDataType_t dtype, int op, ncclRedOp_t* nccl_op) {
+  *nccl_op = static_cast<ncclRedOp_t>(op);
+  if (op != verify::kPreMulSum) return true;
+  auto v = verify::Verifier::create({coll_.coll, dtype, op, nranks_, 0, 0});
+  alignas(8) unsigned char scalar[8] = {};
+  v->encode_scalar(rank_, scalar);
+  return ok(ncclRedOpCreatePreMulSum(nccl_op, scalar, dtype, ncclScalarHostImmediate, comm_),
+            "ncclRedOpCreatePreMulSum");
+}
+
+bool RankRunner::time_test(ncclDataType_t dtype, int op, int root) {
+  ncclRedOp_t nccl_op = ncclSum;
+  if (op >= 0 && !create_op(dtype, op, &nccl_op)) return false;
+  bool good = warm_up(dtype, op, root, nccl_op);
+  for (size_t bytes : message_sizes(options_)) {
+    if (!good) break;
+    Step step;
+    good = make_step(dtype, op, root, nccl_op, bytes, &step);
+    // A size too small for one element per rank has nothing to measure: no row.
+    if (!good || step.layout.param_count == 0) continue;
+    job_.begin_step(local_,
+                    fmt::format("{} of {} bytes ({})", coll_call_, bytes, dtype_name(dtype)));
+    Row row;
+    good = bench_size(step, &row);
+    job_.end_step(local_);
+    if (good && reporter_ != nullptr) reporter_->row(row);
+  }
+  if (op == verify::kPreMulSum) {
+    ncclResult_t r = ncclRedOpDestroy(nccl_op, comm_);
+    if (good) good = ok(r, "ncclRedOpDestroy");
+  }
+  return good;
+}
+
+bool RankRunner::make_step(ncclDataType_t dtype, int op, int root, ncclRedOp_t nccl_op,
+                           size_t bytes, Step* step) {
+  step->dtype = dtype;
+  step->op = op;
+  step->root = root;
+  step->nccl_op = nccl_op;
+  step->bytes = bytes;
+  step->element_bytes = verify::datatype_size(dtype);
+  step->layout = coll_.layout(bytes / step->element_bytes, nranks_);
+  step->verifier = verify::Verifier::create({coll_.coll, dtype, op < 0 ? ncclSum : op, nranks_,
+                                             step->layout.param_count, root < 0 ? 0 : root});
+  if (step->verifier == nullptr) {
+    job_.fail(fmt::format("rank {}: no generator for datatype {}", rank_, static_cast<int>(dtype)));
+    return false;
+  }
+  return true;
+}
+
+bool RankRunner::warm_up(ncclDataType_t dtype, int op, int root, ncclRedOp_t nccl_op) {
+  for (size_t bytes : {options_.max_bytes, options_.min_bytes}) {
+    Step step;
+    if (!make_step(dtype, op, root, nccl_op, bytes, &step)) return false;
+    if (step.layout.param_count == 0) continue;
+    job_.begin_step(local_, fmt::format("warm-up {} of {} bytes", coll_call_, bytes));
+    bool good = true;
+    for (int i = 0; i < options_.warmup_iters && good; ++i) good = issue(step, false, i);
+    if (good) good = synchronize();
+    job_.end_step(local_);
+    if (!good) return false;
+  }
+  return true;
+}
+
+bool RankRunner::bench_size(const Step& step, Row* row) {
+  row->bytes = std::max(step.layout.send_count, step.layout.recv_count) * step.element_bytes;
+  row->count = step.layout.param_count;
+  row->dtype = step.dtype;
+  row->op = step.op;
+  row->root = step.root;
+  return bench_placement(step, false, &row->out_of_place) &&
+         bench_placement(step, true, &row->in_place);
+}
+
+bool RankRunner::bench_placement(const Step& step, bool in_place, Placement* result) {
+  // Generated inputs (no garbage, no subnormals to slow the arithmetic), then one untimed call.
+  const verify::Verifier& v = *step.verifier;
+  v.fill_input(rank_, place(step, in_place, 0).send, 0, v.input_count(rank_));
+  if (!issue(step, in_place, 0) || !synchronize()) return false;
+  double seconds = 0;
+  if (!time_iterations(step, in_place, &seconds)) return false;
+  double combined = 0;
+  if (!combine_time(seconds, &combined)) return false;
+  result->time_us = combined * 1.0e6;
+  result->algbw_gbps =
+      algbw_gbps(coll_, step.layout.param_count * step.element_bytes, nranks_, combined);
+  result->busbw_gbps = result->algbw_gbps * coll_.bus_factor(nranks_);
+  result->wrong = -1;
+  if (options_.check_iters == 0 || (in_place && !coll_.checks_in_place)) return true;
+  return check_results(step, in_place, &result->wrong);
+}
+
+bool RankRunner::time_iterations(const Step& step, bool in_place, double* seconds) {
+  if (!barrier()) return false;
+  auto start = std::chrono::steady_clock::now();
+  for (int i = 0; i < options_.iters; ++i)
+    if (!issue(step, in_place, i)) return false;
+  if (!synchronize()) return false;
+  std::chrono::duration<double> elapsed = std::chrono::steady_clock::now() - start;
+  *seconds = elapsed.count() / options_.iters;
+  return true;
+}
+
+bool RankRunner::check_results(const Step& step, bool in_place, int64_t* wrong) {
+  const verify::Verifier& v = *step.verifier;
+  *wrong = 0;
+  for (int c = 0; c < options_.check_iters; ++c) {
+    Placed p = place(step, in_place, 0);
+    // Poison the output first, so that a call that writes nothing cannot pass on stale data.
+    std::memset(p.recv, 0xff, v.output_count(rank_) * step.element_bytes);
+    v.fill_input(rank_, p.send, 0, v.input_count(rank_));
+    if (!issue(step, in_place, 0) || !synchronize()) return false;
+    verify::Mismatch m = v.check(rank_, p.recv);
+    if (m.wrong > 0) {
+      fmt::print(stderr, "# rank {}: {} {} {} {} bytes {}: {} of {} elements wrong:{}\n", rank_,
+                 coll_call_, dtype_name(step.dtype), op_name(step.op), step.bytes,
+                 placement_name(in_place), m.wrong, v.output_count(rank_), m.first);
+    }
+    if (!sum_over_ranks(static_cast<int64_t>(m.wrong), wrong)) return false;
+    if (*wrong > 0) {
+      any_wrong_ = true;
+      break;
+    }
+  }
+  return true;
+}
+
+RankRunner::Placed RankRunner::place(const Step& step, bool in_place, int iteration) const {
+  // As nccl-tests, successive iterations use successive slices of the buffers, so that the
+  // timing is not of one cache-resident slice.
+  const size_t eb = step.element_bytes;
+  const size_t total = std::max(step.layout.send_count, step.layout.recv_count) * eb;
+  const size_t slots = total > 0 ? std::max<size_t>(options_.max_bytes / total, 1) : 1;
+  const size_t shift = total * (static_cast<size_t>(iteration) % slots);
+  unsigned char* send = send_.data.get() + shift;
+  unsigned char* recv = recv_.data.get() + shift;
+  if (!in_place) return {send, recv};
+  const size_t rank = static_cast<size_t>(rank_);
+  return {recv + step.layout.send_inplace_offset * rank * eb,
+          recv + step.layout.recv_inplace_offset * rank * eb};
+}
+
+bool RankRunner::issue(const Step& step, bool in_place, int iteration) {
+  Placed p = place(step, in_place, iteration);
+  CallArgs a;
+  a.send = p.send;
+  a.recv = p.recv;
+  a.count = step.layout.param_count;
+  a.dtype = step.dtype;
+  a.op = step.nccl_op;
+  a.root = step.root < 0 ? 0 : step.root;
+  a.rank = rank_;
+  a.nranks = nranks_;
+  a.comm = comm_;
+  a.stream = stream_;
+  return ok(coll_.issue(a), coll_call_.c_str());
+}
+
+bool RankRunner::synchronize() {
+  return stream_ == nullptr || ok(chorusStreamSynchronize(stream_), "chorusStreamSynchronize");
+}
+
+bool RankRunner::barrier() {
+  int32_t token = 0;
+  return ok(ncclAllReduce(&token, &token, 1, ncclInt32, ncclSum, comm_, nullptr),
+            "ncclAllReduce (barrier)");
+}
+
+bool RankRunner::combine_time(double seconds, double* combined) {
+  *combined = seconds;
+  if (options_.average == 0) return true;  // rank 0's own time: rank 0 is who prints it
+  ncclRedOp_t op = options_.average == 1 ? ncclSum : options_.average == 2 ? ncclMin : ncclMax;
+  if (!ok(ncclAllReduce(combined, combined, 1, ncclFloat64, op, comm_, nullptr),
+          "ncclAllReduce (time over ranks)"))
+    return false;
+  if (options_.average == 1) *combined /= nranks_;
+  return true;
+}
+
+bool RankRunner::sum_over_ranks(int64_t value, int64_t* sum) {
+  *sum = value;
+  return ok(ncclAllReduce(sum, sum, 1, ncclInt64, ncclSum, comm_, nullptr),
+            "ncclAllReduce (#wrong over ranks)");
+}
+
+}  // namespace chorus::bench
