@@ -3,8 +3,11 @@
 // The collective algorithms: one coroutine per collective x algorithm, each in its own file.
 // They receive validated calls whose reduction is already a plain kernels::ReduceOp (run.cc
 // turns Avg into Sum + a final division and PreMulSum into a scaling pass + Sum), and post
-// transfers through OpContext. Every algorithm must work for any count (0 included), any
-// number of ranks (1 included), any root, in place or not.
+// transfers through OpContext. Every algorithm works for any count (0 included), any number
+// of ranks (1 included), any root, in place or not.
+//
+// A sender's buffer may be read by the receiver directly (the direct transport) until the send
+// completes, so no algorithm writes to memory it has a send in flight from.
 #pragma once
 
 #include <cstddef>
@@ -27,14 +30,34 @@ struct Args {
   DataType dtype = DataType::kFloat32;
   kernels::ReduceFn reduce = nullptr;  // null for data-movement collectives
   int root = -1;
+  int channel = 0;   // the connections to use
+  int channels = 1;  // how many channels the tuner gave this call (ring splits over them)
 };
 
-Task all_reduce_ring(OpContext& ctx, Args a);
+// AllReduce
+Task all_reduce_ring(OpContext& ctx, Args a);        // reduce-scatter + all-gather rings
+Task all_reduce_rd(OpContext& ctx, Args a);          // recursive doubling (latency)
+Task all_reduce_rhd(OpContext& ctx, Args a);         // Rabenseifner: halving + doubling
+Task all_reduce_oneshot(OpContext& ctx, Args a);     // everyone sends everything to everyone
+Task all_reduce_twoshot(OpContext& ctx, Args a);     // direct reduce-scatter + all-gather
+Task all_reduce_tree(OpContext& ctx, Args a);        // binomial reduce + binomial broadcast
+// ReduceScatter
 Task reduce_scatter_ring(OpContext& ctx, Args a);
+Task reduce_scatter_rhd(OpContext& ctx, Args a);     // recursive halving (power of two)
+Task reduce_scatter_direct(OpContext& ctx, Args a);  // every block straight to its owner
+// AllGather
 Task all_gather_ring(OpContext& ctx, Args a);
-Task broadcast_chain(OpContext& ctx, Args a);
+Task all_gather_bruck(OpContext& ctx, Args a);       // log2(n) steps, any n
+Task all_gather_direct(OpContext& ctx, Args a);
+// Broadcast and Reduce
+Task broadcast_chain(OpContext& ctx, Args a);        // pipelined chain (bandwidth)
+Task broadcast_tree(OpContext& ctx, Args a);         // binomial tree (latency)
 Task reduce_chain(OpContext& ctx, Args a);
+Task reduce_tree(OpContext& ctx, Args a);
+// AlltoAll
 Task alltoall_pairwise(OpContext& ctx, Args a);
+Task alltoall_bruck(OpContext& ctx, Args a);         // log2(n) steps of packed blocks
+// Gather, Scatter, send/receive
 Task gather_direct(OpContext& ctx, Args a);
 Task scatter_direct(OpContext& ctx, Args a);
 Task send_recv_batch(OpContext& ctx, const std::vector<CollCall>& calls);
@@ -49,5 +72,24 @@ inline size_t block_offset(size_t count, int parts, int i) {
   return base * i + (static_cast<size_t>(i) < extra ? i : extra);
 }
 inline int mod(int a, int n) { return ((a % n) + n) % n; }
+
+// Folds n ranks onto the largest power of two p2 <= n, as recursive doubling and halving
+// need: of the first 2*(n - p2) ranks, the even ones hand their data to the next (odd) rank
+// and sit out; every other rank takes part with a virtual rank in [0, p2).
+struct PowerOfTwoFold {
+  int p2 = 1;
+  int rem = 0;
+  explicit PowerOfTwoFold(int n) {
+    while (p2 * 2 <= n) p2 *= 2;
+    rem = n - p2;
+  }
+  bool sits_out(int rank) const { return rank < 2 * rem && rank % 2 == 0; }
+  bool absorbs(int rank) const { return rank < 2 * rem && rank % 2 == 1; }  // takes a partner's data
+  int vrank(int rank) const { return rank < 2 * rem ? rank / 2 : rank - rem; }
+  int real(int vrank) const { return vrank < rem ? 2 * vrank + 1 : vrank + rem; }
+};
+
+// Copies `bytes` unless source and destination are the same.
+void copy_if_needed(void* dst, const void* src, size_t bytes);
 
 }  // namespace chorus::algo

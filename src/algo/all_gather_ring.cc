@@ -17,8 +17,8 @@ Task all_gather_ring(OpContext& ctx, Args a) {
     int sb = mod(r - s, n), rb = mod(r - s - 1, n);
     SendRequest sreq;
     RecvRequest rreq;
-    ctx.send(sreq, next, 0, a.out + sb * bytes, bytes);
-    ctx.recv(rreq, prev, 0, a.out + rb * bytes, bytes);
+    ctx.send(sreq, next, a.channel, a.out + sb * bytes, bytes);
+    ctx.recv(rreq, prev, a.channel, a.out + rb * bytes, bytes);
     CHORUS_CO_RETURN_IF_ERROR(co_await ctx.wait(rreq));
     CHORUS_CO_RETURN_IF_ERROR(co_await ctx.wait(sreq));
   }

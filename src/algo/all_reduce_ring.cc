@@ -28,9 +28,9 @@ Task all_reduce_ring(OpContext& ctx, Args a) {
     SendRequest sreq;
     RecvRequest rreq;
     const char* src = (s == 0 ? a.in : a.out) + off(sb);
-    if (len(sb) > 0) ctx.send(sreq, next, 0, src, len(sb));
+    if (len(sb) > 0) ctx.send(sreq, next, a.channel, src, len(sb));
     if (len(rb) > 0) {
-      ctx.recv_reduce(rreq, prev, 0, a.out + off(rb), a.in + off(rb), len(rb), a.reduce, es);
+      ctx.recv_reduce(rreq, prev, a.channel, a.out + off(rb), a.in + off(rb), len(rb), a.reduce, es);
       CHORUS_CO_RETURN_IF_ERROR(co_await ctx.wait(rreq));
     }
     if (len(sb) > 0) CHORUS_CO_RETURN_IF_ERROR(co_await ctx.wait(sreq));
@@ -40,9 +40,9 @@ Task all_reduce_ring(OpContext& ctx, Args a) {
     int sb = mod(r - s, n), rb = mod(r - s - 1, n);
     SendRequest sreq;
     RecvRequest rreq;
-    if (len(sb) > 0) ctx.send(sreq, next, 0, a.out + off(sb), len(sb));
+    if (len(sb) > 0) ctx.send(sreq, next, a.channel, a.out + off(sb), len(sb));
     if (len(rb) > 0) {
-      ctx.recv(rreq, prev, 0, a.out + off(rb), len(rb));
+      ctx.recv(rreq, prev, a.channel, a.out + off(rb), len(rb));
       CHORUS_CO_RETURN_IF_ERROR(co_await ctx.wait(rreq));
     }
     if (len(sb) > 0) CHORUS_CO_RETURN_IF_ERROR(co_await ctx.wait(sreq));

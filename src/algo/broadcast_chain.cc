@@ -31,10 +31,10 @@ Task broadcast_chain(OpContext& ctx, Args a) {
   auto recvs = std::make_unique<RecvRequest[]>(from >= 0 ? nchunks : 0);
   auto sends = std::make_unique<SendRequest[]>(to >= 0 ? nchunks : 0);
   if (from >= 0)
-    for (size_t c = 0; c < nchunks; ++c) ctx.recv(recvs[c], from, 0, a.out + c * chunk, chunk_len(c));
+    for (size_t c = 0; c < nchunks; ++c) ctx.recv(recvs[c], from, a.channel, a.out + c * chunk, chunk_len(c));
   for (size_t c = 0; c < nchunks; ++c) {
     if (from >= 0) CHORUS_CO_RETURN_IF_ERROR(co_await ctx.wait(recvs[c]));
-    if (to >= 0) ctx.send(sends[c], to, 0, src + c * chunk, chunk_len(c));
+    if (to >= 0) ctx.send(sends[c], to, a.channel, src + c * chunk, chunk_len(c));
   }
   if (to >= 0)
     for (size_t c = 0; c < nchunks; ++c) CHORUS_CO_RETURN_IF_ERROR(co_await ctx.wait(sends[c]));

@@ -31,20 +31,20 @@ Task reduce_chain(OpContext& ctx, Args a) {
 
   // Where this rank's partial result goes: recvbuf on the root, scratch in between; the last
   // rank of the chain forwards its input as is.
-  char* acc = pos == 0 ? a.out : (from >= 0 ? static_cast<char*>(ctx.scratch(0, bytes)) : nullptr);
+  char* acc = pos == 0 ? a.out : (from >= 0 ? static_cast<char*>(ctx.scratch(8 + a.channel, bytes)) : nullptr);
   const char* outgoing = from >= 0 ? acc : a.in;
 
   auto recvs = std::make_unique<RecvRequest[]>(from >= 0 ? nchunks : 0);
   auto sends = std::make_unique<SendRequest[]>(to >= 0 ? nchunks : 0);
   if (from >= 0) {
     for (size_t c = 0; c < nchunks; ++c) {
-      ctx.recv_reduce(recvs[c], from, 0, acc + c * chunk, a.in + c * chunk, chunk_len(c),
+      ctx.recv_reduce(recvs[c], from, a.channel, acc + c * chunk, a.in + c * chunk, chunk_len(c),
                       a.reduce, a.elem_size);
     }
   }
   for (size_t c = 0; c < nchunks; ++c) {
     if (from >= 0) CHORUS_CO_RETURN_IF_ERROR(co_await ctx.wait(recvs[c]));
-    if (to >= 0) ctx.send(sends[c], to, 0, outgoing + c * chunk, chunk_len(c));
+    if (to >= 0) ctx.send(sends[c], to, a.channel, outgoing + c * chunk, chunk_len(c));
   }
   if (to >= 0)
     for (size_t c = 0; c < nchunks; ++c) CHORUS_CO_RETURN_IF_ERROR(co_await ctx.wait(sends[c]));

@@ -26,8 +26,8 @@ Task reduce_scatter_ring(OpContext& ctx, Args a) {
     char* acc = (s == n - 2) ? a.out : tmp[s % 2];
     SendRequest sreq;
     RecvRequest rreq;
-    ctx.send(sreq, next, 0, s == 0 ? a.in + sb * bytes : partial, bytes);
-    ctx.recv_reduce(rreq, prev, 0, acc, a.in + rb * bytes, bytes, a.reduce, a.elem_size);
+    ctx.send(sreq, next, a.channel, s == 0 ? a.in + sb * bytes : partial, bytes);
+    ctx.recv_reduce(rreq, prev, a.channel, acc, a.in + rb * bytes, bytes, a.reduce, a.elem_size);
     CHORUS_CO_RETURN_IF_ERROR(co_await ctx.wait(rreq));
     CHORUS_CO_RETURN_IF_ERROR(co_await ctx.wait(sreq));
     partial = acc;

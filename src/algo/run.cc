@@ -5,6 +5,8 @@
 #include <cstring>
 
 #include "algo/algo.h"
+#include "algo/tuner.h"
+#include "common/log.h"
 #include "core/comm.h"
 
 namespace chorus::algo {
@@ -30,6 +32,60 @@ size_t send_elements(const CollCall& c, int nranks) {
   return c.kind == CollKind::kReduceScatter ? c.count * nranks : c.count;
 }
 
+}  // namespace
+
+void copy_if_needed(void* dst, const void* src, size_t bytes) {
+  if (bytes > 0 && dst != src) std::memcpy(dst, src, bytes);
+}
+
+namespace {
+
+using AlgoFn = Task (*)(OpContext&, Args);
+
+AlgoFn algorithm(CollKind coll, Algo algo) {
+  switch (coll) {
+    case CollKind::kAllReduce:
+      switch (algo) {
+        case Algo::kRecursiveDoubling: return all_reduce_rd;
+        case Algo::kHalvingDoubling: return all_reduce_rhd;
+        case Algo::kOneShot: return all_reduce_oneshot;
+        case Algo::kTwoShot: return all_reduce_twoshot;
+        case Algo::kTree: return all_reduce_tree;
+        default: return all_reduce_ring;
+      }
+    case CollKind::kReduceScatter:
+      if (algo == Algo::kHalvingDoubling) return reduce_scatter_rhd;
+      if (algo == Algo::kDirect) return reduce_scatter_direct;
+      return reduce_scatter_ring;
+    case CollKind::kAllGather:
+      if (algo == Algo::kBruck) return all_gather_bruck;
+      if (algo == Algo::kDirect) return all_gather_direct;
+      return all_gather_ring;
+    case CollKind::kBroadcast: return algo == Algo::kTree ? broadcast_tree : broadcast_chain;
+    case CollKind::kReduce: return algo == Algo::kTree ? reduce_tree : reduce_chain;
+    case CollKind::kAlltoAll: return algo == Algo::kBruck ? alltoall_bruck : alltoall_pairwise;
+    case CollKind::kGather: return gather_direct;
+    case CollKind::kScatter: return scatter_direct;
+    default: return nullptr;
+  }
+}
+
+// Runs `fn` on `channels` slices of a contiguous buffer at once, one channel each.
+Task run_on_channels(OpContext& ctx, AlgoFn fn, Args a, int channels) {
+  FiberGroup group;
+  for (int c = 0; c < channels; ++c) {
+    Args slice = a;
+    size_t off = block_offset(a.count, channels, c) * a.elem_size;
+    slice.in = a.in + off;
+    slice.out = a.out + off;
+    slice.count = block_count(a.count, channels, c);
+    slice.channel = c;
+    slice.channels = 1;
+    group.spawn(fn(ctx, slice));
+  }
+  co_return co_await group.join();
+}
+
 Task run_collective(OpContext& ctx, CollCall call) {
   Args a;
   a.in = static_cast<const char*>(call.sendbuf);
@@ -49,22 +105,22 @@ Task run_collective(OpContext& ctx, CollCall call) {
       a.in = static_cast<const char*>(scaled);
     }
   }
-  Status status;
-  switch (call.kind) {
-    case CollKind::kAllReduce: status = co_await all_reduce_ring(ctx, a); break;
-    case CollKind::kReduceScatter: status = co_await reduce_scatter_ring(ctx, a); break;
-    case CollKind::kAllGather: status = co_await all_gather_ring(ctx, a); break;
-    case CollKind::kBroadcast: status = co_await broadcast_chain(ctx, a); break;
-    case CollKind::kReduce: status = co_await reduce_chain(ctx, a); break;
-    case CollKind::kAlltoAll: status = co_await alltoall_pairwise(ctx, a); break;
-    case CollKind::kGather: status = co_await gather_direct(ctx, a); break;
-    case CollKind::kScatter: status = co_await scatter_direct(ctx, a); break;
-    default: status = internal_error("no algorithm for {}", coll_name(call.kind));
-  }
+  const int n = ctx.nranks();
+  bool blocked = call.kind != CollKind::kAllReduce && call.kind != CollKind::kBroadcast &&
+                 call.kind != CollKind::kReduce;
+  size_t bytes = call.count * a.elem_size * (blocked ? n : 1);
+  Choice choice = choose(ctx.comm().cost_model(), call.kind, bytes, n, ctx.channels());
+  AlgoFn fn = algorithm(call.kind, choice.algo);
+  if (fn == nullptr) co_return internal_error("no algorithm for {}", coll_name(call.kind));
+  CHORUS_TRACE(kColl, "{}: {} x{} channel(s)", describe_tag(call.tag), algo_name(choice.algo),
+               choice.channels);
+  Status status = choice.channels > 1 && !blocked
+                      ? co_await run_on_channels(ctx, fn, a, choice.channels)
+                      : co_await fn(ctx, a);
   CHORUS_CO_RETURN_IF_ERROR(status);
   if (call.op.kind == RedOpKind::kAvg && is_reduction(call.kind) && call.count > 0) {
     bool has_result = call.kind != CollKind::kReduce || ctx.rank() == call.root;
-    if (has_result) kernels::divide_fn(call.dtype)(a.out, call.count, ctx.nranks());
+    if (has_result) kernels::divide_fn(call.dtype)(a.out, call.count, n);
   }
   co_return Status();
 }

@@ -63,6 +63,11 @@ StringParam kAlgo("ALGO", nullptr, "AUTO", nullptr,
 IntParam kChunkBytes("CHUNK_BYTES", nullptr, 512 << 10, 256, 1ll << 30,
                      "pipelining granularity of chain and tree algorithms");
 
+StringParam kTuner("TUNER", nullptr, "MEASURE", "MEASURE,STATIC",
+                   "MEASURE: calibrate the cost model of each communicator when it is created; "
+                   "STATIC: use the built-in defaults (or CHORUS_TUNER_FILE)");
+StringParam kTunerFile("TUNER_FILE", nullptr, "", nullptr,
+                       "cost-model parameters to use instead of measuring (see chorus-info --tune)");
 StringParam kKernels("KERNELS", nullptr, "AUTO", "AUTO,SCALAR,AVX2,AVX512",
                      "reduction kernel table (AUTO: the best the CPU supports)");
 
@@ -71,7 +76,7 @@ const std::vector<Param*>& all() {
       &kDebug,        &kDebugSubsys,   &kDebugFile,    &kSocketIfname, &kSocketFamily,
       &kBootstrapTimeoutMs, &kConnectTimeoutMs, &kHostId, &kTransport, &kNumChannels,
       &kShmFifoBytes, &kTcpBounceBytes, &kTimeoutMs,   &kSpinUs,       &kCommBlocking,
-      &kAlgo,         &kChunkBytes,    &kKernels,
+      &kAlgo,         &kChunkBytes,    &kTuner,        &kTunerFile,   &kKernels,
   };
   return list;
 }

@@ -115,6 +115,8 @@ extern IntParam kCommBlocking;
 // Algorithms.
 extern StringParam kAlgo;
 extern IntParam kChunkBytes;
+extern StringParam kTuner;
+extern StringParam kTunerFile;
 // Kernels.
 extern StringParam kKernels;
 

@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "algo/tuner.h"
 #include "bootstrap/auth.h"
 #include "bootstrap/socket.h"
 #include "common/dtype.h"
@@ -98,6 +99,8 @@ class Comm : public std::enable_shared_from_this<Comm> {
   const PeerInfo& peer(int rank) const { return peers_[rank]; }
   TransportKind transport_to(int peer) const { return transport_[peer]; }
   Connection* conn(int peer, int channel) const { return conns_[peer][channel].get(); }
+  // The cost model the tuner chooses algorithms with (agreed by every rank at setup).
+  const algo::CostModel& cost_model() const { return model_; }
   // "comm 0x1234abcd rank 2/4" plus the name if any, for messages.
   std::string describe() const;
 
@@ -157,6 +160,7 @@ class Comm : public std::enable_shared_from_this<Comm> {
   TransportKind choose_transport(const PeerInfo& me, const PeerInfo& other) const;
 
   CommIdentity id_;
+  algo::CostModel model_;
   int channels_ = 1;
   int cu_device_ = -1;
   std::vector<PeerInfo> peers_;

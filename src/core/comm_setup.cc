@@ -140,12 +140,14 @@ Status Comm::setup(const ExchangeFn& exchange) {
     for (int r = 0; r < rank(); ++r) cu_device_ += infos[r].host_hash == me.host_hash ? 1 : 0;
   }
   CHORUS_RETURN_IF_ERROR(connect_transports(infos));
+  CHORUS_ASSIGN_OR_RETURN(model_, algo::calibrate(*this));
   set_state(State::kReady);
   if (log::enabled(log::Level::kInfo, log::kInit)) {
     int counts[4] = {};
     for (TransportKind k : transport_) ++counts[static_cast<int>(k)];
-    CHORUS_INFO(kInit, "{} ready on {}: peers over direct {}, shm {}, tcp {}; {} channel(s)",
-                describe(), me.hostname, counts[1], counts[2], counts[3], channels_);
+    CHORUS_INFO(kInit, "{} ready on {}: peers over direct {}, shm {}, tcp {}; {} channel(s); "
+                "cost model {}", describe(), me.hostname, counts[1], counts[2], counts[3],
+                channels_, model_.to_string());
   }
   return Status();
 }

@@ -155,11 +155,33 @@ Status group_simulate_end(float* estimated_us) {
   return Status();
 }
 
+// A collective outside a group: one operation, without the bookkeeping of a group.
+Status launch_one(const std::shared_ptr<Comm>& comm, const CollCall& call, Stream* stream) {
+  auto op = std::make_shared<Op>(comm.get(), std::vector<CollCall>{call}, false);
+  if (stream != nullptr) stream->append(op);
+  Status s = comm->enqueue(op);
+  if (!s.ok()) {
+    op->complete(s);
+    if (stream != nullptr) stream->note_result(s);
+    return s;
+  }
+  if (stream != nullptr || !comm->config().blocking) {
+    Engine::get().watch(comm);
+    if (stream == nullptr && !op->done())
+      return Status(Code::kInProgress, "operation of a non-blocking communicator in flight");
+    return Status();
+  }
+  Comm* c = comm.get();
+  drive_until([&] { return op->done(); }, {c});
+  return op->status();
+}
+
 Status submit_call(const std::shared_ptr<Comm>& comm, const CollCall& call, Stream* stream) {
   if (t_group.depth > 0) {
     t_group.calls.push_back(PendingCall{comm, call, stream});
     return Status();
   }
+  if (!is_p2p(call.kind)) return launch_one(comm, call, stream);
   return launch({PendingCall{comm, call, stream}});
 }
 

@@ -8,6 +8,39 @@ namespace chorus {
 
 namespace {
 thread_local Fiber* t_current_fiber = nullptr;
+
+// Size classes of 128 bytes up to 4 KiB; larger frames go to the global allocator. A frame
+// freed on another thread joins that thread's list; lists are capped, so memory stays bounded.
+constexpr std::size_t kFrameClass = 128;
+constexpr std::size_t kFrameClasses = 32;
+constexpr std::size_t kFramesPerClass = 64;
+
+struct FrameCache {
+  void* frames[kFrameClasses][kFramesPerClass];
+  std::size_t count[kFrameClasses] = {};
+  ~FrameCache() {
+    for (std::size_t c = 0; c < kFrameClasses; ++c)
+      for (std::size_t i = 0; i < count[c]; ++i) ::operator delete(frames[c][i]);
+  }
+};
+thread_local FrameCache t_frames;
+
+std::size_t frame_class(std::size_t bytes) { return (bytes + kFrameClass - 1) / kFrameClass; }
+}  // namespace
+
+void* frame_allocate(std::size_t bytes) {
+  std::size_t c = frame_class(bytes);
+  if (c < kFrameClasses && t_frames.count[c] > 0) return t_frames.frames[c][--t_frames.count[c]];
+  return ::operator new(c < kFrameClasses ? c * kFrameClass : bytes);
+}
+
+void frame_free(void* frame, std::size_t bytes) noexcept {
+  std::size_t c = frame_class(bytes);
+  if (c < kFrameClasses && t_frames.count[c] < kFramesPerClass) {
+    t_frames.frames[c][t_frames.count[c]++] = frame;
+    return;
+  }
+  ::operator delete(frame);
 }
 
 void Task::promise_type::unhandled_exception() noexcept {

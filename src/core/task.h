@@ -14,6 +14,7 @@
 
 #include <atomic>
 #include <coroutine>
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <utility>
@@ -25,6 +26,11 @@ namespace chorus {
 
 struct Request;
 class FiberSet;
+
+// Coroutine frames come from small per-thread free lists (operations start and finish
+// thousands of times a second; frames of one algorithm always have the same size).
+void* frame_allocate(std::size_t bytes);
+void frame_free(void* frame, std::size_t bytes) noexcept;
 
 // Ready when *word >= target (acquire). A null word is always ready.
 struct WaitCond {
@@ -40,6 +46,9 @@ class [[nodiscard]] Task {
   struct promise_type {
     Status status;
     std::coroutine_handle<> continuation;
+
+    static void* operator new(std::size_t bytes) { return frame_allocate(bytes); }
+    static void operator delete(void* frame, std::size_t bytes) noexcept { frame_free(frame, bytes); }
 
     Task get_return_object() {
       return Task(std::coroutine_handle<promise_type>::from_promise(*this));

@@ -1,0 +1,220 @@
+// SPDX-License-Identifier: Apache-2.0
+// File: src/algo/tuner.cc
+// The cost model of every algorithm, and the choice (see tuner.h).
+#include "algo/tuner.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <mutex>
+
+#include "common/log.h"
+#include "common/params.h"
+
+namespace chorus::algo {
+
+namespace {
+
+struct AlgoName {
+  Algo algo;
+  const char* name;
+};
+constexpr AlgoName kNames[] = {
+    {Algo::kRing, "ring"},         {Algo::kRecursiveDoubling, "rd"}, {Algo::kHalvingDoubling, "rhd"},
+    {Algo::kOneShot, "oneshot"},   {Algo::kTwoShot, "twoshot"},      {Algo::kTree, "tree"},
+    {Algo::kChain, "chain"},       {Algo::kDirect, "direct"},        {Algo::kBruck, "bruck"},
+    {Algo::kPairwise, "pairwise"},
+};
+
+std::string lower(std::string_view s) {
+  std::string out;
+  for (char c : s)
+    if (c != '_' && c != '-') out += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return out;
+}
+
+std::optional<CollKind> parse_coll(std::string_view name) {
+  std::string n = lower(name);
+  if (n == "allreduce") return CollKind::kAllReduce;
+  if (n == "reducescatter") return CollKind::kReduceScatter;
+  if (n == "allgather") return CollKind::kAllGather;
+  if (n == "broadcast" || n == "bcast") return CollKind::kBroadcast;
+  if (n == "reduce") return CollKind::kReduce;
+  if (n == "alltoall") return CollKind::kAlltoAll;
+  if (n == "gather") return CollKind::kGather;
+  if (n == "scatter") return CollKind::kScatter;
+  return std::nullopt;
+}
+
+double log2_ceil(int n) {
+  int l = 0;
+  while ((1 << l) < n) ++l;
+  return l;
+}
+
+// CHORUS_ALGO, parsed: the algorithm forced for a collective, if any.
+std::optional<Algo> forced_algo(CollKind coll) {
+  struct Parsed {
+    std::string spec;
+    std::vector<std::pair<std::optional<CollKind>, Algo>> entries;
+  };
+  static std::mutex mutex;
+  static Parsed parsed;
+  const std::string& spec = params::kAlgo.get();
+  if (spec.empty() || lower(spec) == "auto") return std::nullopt;
+  std::lock_guard<std::mutex> lock(mutex);
+  if (parsed.spec != spec) {
+    parsed = Parsed{spec, {}};
+    std::string_view rest(spec);
+    while (!rest.empty()) {
+      size_t comma = rest.find(',');
+      std::string_view item = rest.substr(0, comma);
+      rest = comma == std::string_view::npos ? std::string_view() : rest.substr(comma + 1);
+      size_t colon = item.find(':');
+      auto algo = parse_algo(colon == std::string_view::npos ? item : item.substr(colon + 1));
+      std::optional<CollKind> c;
+      if (colon != std::string_view::npos) c = parse_coll(item.substr(0, colon));
+      if (!algo || (colon != std::string_view::npos && !c)) {
+        CHORUS_WARN(kColl, "CHORUS_ALGO: ignoring '{}' (collectives: allreduce, reducescatter, "
+                    "allgather, broadcast, reduce, alltoall; algorithms: ring, rd, rhd, oneshot, "
+                    "twoshot, tree, chain, direct, bruck, pairwise)", item);
+        continue;
+      }
+      parsed.entries.emplace_back(c, *algo);
+    }
+  }
+  const auto& valid = algorithms_for(coll);
+  for (const auto& [c, algo] : parsed.entries) {
+    if (c && *c != coll) continue;
+    if (std::find(valid.begin(), valid.end(), algo) != valid.end()) return algo;
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+const char* algo_name(Algo algo) {
+  for (const auto& n : kNames)
+    if (n.algo == algo) return n.name;
+  return "?";
+}
+
+std::optional<Algo> parse_algo(std::string_view name) {
+  std::string n = lower(name);
+  for (const auto& entry : kNames)
+    if (n == entry.name) return entry.algo;
+  if (n == "rabenseifner" || n == "halvingdoubling") return Algo::kHalvingDoubling;
+  if (n == "recursivedoubling") return Algo::kRecursiveDoubling;
+  return std::nullopt;
+}
+
+const std::vector<Algo>& algorithms_for(CollKind coll) {
+  static const std::vector<Algo> kAllReduce = {Algo::kRing, Algo::kRecursiveDoubling,
+                                               Algo::kHalvingDoubling, Algo::kOneShot,
+                                               Algo::kTwoShot, Algo::kTree};
+  static const std::vector<Algo> kReduceScatter = {Algo::kRing, Algo::kHalvingDoubling, Algo::kDirect};
+  static const std::vector<Algo> kAllGather = {Algo::kRing, Algo::kBruck, Algo::kDirect};
+  static const std::vector<Algo> kRooted = {Algo::kChain, Algo::kTree};
+  static const std::vector<Algo> kAlltoAll = {Algo::kPairwise, Algo::kBruck};
+  static const std::vector<Algo> kDirectOnly = {Algo::kDirect};
+  switch (coll) {
+    case CollKind::kAllReduce: return kAllReduce;
+    case CollKind::kReduceScatter: return kReduceScatter;
+    case CollKind::kAllGather: return kAllGather;
+    case CollKind::kBroadcast:
+    case CollKind::kReduce: return kRooted;
+    case CollKind::kAlltoAll: return kAlltoAll;
+    default: return kDirectOnly;
+  }
+}
+
+std::string CostModel::to_string() const {
+  return fmt::format("alpha {:.2f} us, beta {:.2f} GB/s, gamma {:.2f} GB/s ({})", alpha_us,
+                     beta_gbps, gamma_gbps, source);
+}
+
+double predict_us(const CostModel& m, Algo algo, CollKind coll, size_t bytes, int n) {
+  if (n <= 1) return 0;
+  const double a = m.alpha_us, S = static_cast<double>(bytes);
+  const double wire = m.beta_gbps * 1e3, fold = m.gamma_gbps * 1e3;  // bytes per us
+  const double L = log2_ceil(n), part = (n - 1.0) / n;
+  const bool pow2 = (n & (n - 1)) == 0;
+  const double fold_extra = pow2 ? 0 : 2 * (a + S / wire);  // PowerOfTwoFold's extra steps
+  switch (coll) {
+    case CollKind::kAllReduce:
+      switch (algo) {
+        case Algo::kRing: return 2 * (n - 1) * a + 2 * part * S / wire + part * S / fold;
+        case Algo::kRecursiveDoubling:
+          return L * a + L * S / wire + 2 * L * S / fold + fold_extra;  // fold + snapshot copy
+        case Algo::kHalvingDoubling: return 2 * L * a + 2 * part * S / wire + part * S / fold + fold_extra;
+        case Algo::kOneShot: return a + (n - 2) * a / 4 + (n - 1) * S / wire + (n - 1) * S / fold;
+        case Algo::kTwoShot: return 2 * a + (n - 2) * a / 2 + 2 * part * S / wire + part * S / fold;
+        case Algo::kTree: return 2 * L * a + 2 * L * S / wire + L * S / fold;
+        default: break;
+      }
+      break;
+    case CollKind::kReduceScatter:
+      switch (algo) {
+        case Algo::kRing: return (n - 1) * a + part * S / wire + part * S / fold;
+        case Algo::kHalvingDoubling:
+          return pow2 ? L * a + part * S / wire + part * S / fold
+                      : predict_us(m, Algo::kRing, coll, bytes, n);
+        case Algo::kDirect: return a + (n - 2) * a / 4 + part * S / wire + part * S / fold;
+        default: break;
+      }
+      break;
+    case CollKind::kAllGather:
+      switch (algo) {
+        case Algo::kRing: return (n - 1) * a + part * S / wire;
+        case Algo::kBruck: return L * a + part * S / wire + S / fold;  // plus the rotation copy
+        case Algo::kDirect: return a + (n - 2) * a / 4 + part * S / wire;
+        default: break;
+      }
+      break;
+    case CollKind::kBroadcast:
+    case CollKind::kReduce: {
+      double reduce = coll == CollKind::kReduce ? S / fold : 0;
+      double chunk = static_cast<double>(params::kChunkBytes.get());
+      double chunks = std::max(1.0, std::ceil(S / chunk));
+      if (algo == Algo::kChain) return (n - 2 + chunks) * (a + std::min(S, chunk) / wire) + reduce;
+      if (algo == Algo::kTree) return L * (a + S / wire) + L * reduce;
+      break;
+    }
+    case CollKind::kAlltoAll:
+      if (algo == Algo::kPairwise) return a + (n - 2) * a / 4 + part * S / wire;
+      if (algo == Algo::kBruck) return L * a + L * S / 2 / wire + 2 * L * S / 2 / fold;
+      break;
+    default:
+      return a + part * S / wire;
+  }
+  return 1e30;  // not an algorithm of this collective
+}
+
+Choice choose(const CostModel& model, CollKind coll, size_t bytes, int n, int max_channels) {
+  Choice choice;
+  if (auto forced = forced_algo(coll)) {
+    choice.algo = *forced;
+  } else {
+    double best = 0;
+    bool first = true;
+    for (Algo algo : algorithms_for(coll)) {
+      double t = predict_us(model, algo, coll, bytes, n);
+      if (first || t < best) {
+        best = t;
+        choice.algo = algo;
+        first = false;
+      }
+    }
+  }
+  // Channels split big ring and chain transfers over several connections (e.g. TCP sockets);
+  // below a few hundred KiB per channel they only add latency.
+  if (max_channels > 1 && (choice.algo == Algo::kRing || choice.algo == Algo::kChain)) {
+    size_t per_channel = 512 << 10;
+    choice.channels = static_cast<int>(std::clamp<size_t>(bytes / per_channel, 1, max_channels));
+  }
+  return choice;
+}
+
+}  // namespace chorus::algo

@@ -1,0 +1,213 @@
+// SPDX-License-Identifier: Apache-2.0
+// File: src/algo/tuner_calibrate.cc
+// Measuring a communicator's cost model when it is created (tuner.h): every rank measures its
+// reduction kernel; the first pair of ranks joined by the communicator's slowest transport
+// ping-pongs to measure alpha and beta; the results are shared so that every rank agrees.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+#include <vector>
+
+#include "algo/algo.h"
+#include "algo/tuner.h"
+#include "common/bytes.h"
+#include "common/clock.h"
+#include "common/log.h"
+#include "common/params.h"
+#include "core/comm.h"
+#include "core/group.h"
+#include "core/internal_ops.h"
+
+namespace chorus::algo {
+
+namespace {
+
+constexpr int kSmallRounds = 16;
+constexpr size_t kLargeBytes = 1 << 20;
+constexpr int kLargeMessages = 4;
+
+template <typename F>
+double throughput_gbps(size_t bytes, F&& fn) {
+  fn();  // warm caches and pages
+  int64_t best = INT64_MAX;
+  for (int i = 0; i < 5; ++i) {
+    int64_t t0 = now_ns();
+    fn();
+    best = std::min(best, now_ns() - t0);
+  }
+  return static_cast<double>(bytes) / std::max<int64_t>(best, 1);
+}
+
+struct Measured {
+  double alpha_us = 0, beta_gbps = 0;
+};
+
+// Ranks a and b measure the link between them; everybody else returns at once.
+Task ping_pong(OpContext& ctx, int a, int b, Measured* out) {
+  const int r = ctx.rank();
+  if (r != a && r != b) co_return Status();
+  const int peer = r == a ? b : a;
+  char* buf = static_cast<char*>(ctx.scratch(0, kLargeBytes * kLargeMessages));
+  std::memset(buf, 1, kLargeBytes * kLargeMessages);
+  auto exchange = [&](bool sender, size_t bytes, int count) -> Task {
+    std::vector<SendRequest> sends(sender ? count : 0);
+    std::vector<RecvRequest> recvs(sender ? 0 : count);
+    for (int i = 0; i < count; ++i) {
+      if (sender) ctx.send(sends[i], peer, 0, buf + i * bytes, bytes);
+      else ctx.recv(recvs[i], peer, 0, buf + i * bytes, bytes);
+    }
+    for (int i = 0; i < count; ++i)
+      CHORUS_CO_RETURN_IF_ERROR(co_await ctx.wait(sender ? static_cast<const Request&>(sends[i])
+                                                         : static_cast<const Request&>(recvs[i])));
+    co_return Status();
+  };
+  // Small messages: round trips, a first.
+  int64_t start = 0;
+  for (int i = -2; i < kSmallRounds; ++i) {  // two rounds of warm-up
+    if (i == 0) start = now_ns();
+    CHORUS_CO_RETURN_IF_ERROR(co_await exchange(r == a, 8, 1));
+    CHORUS_CO_RETURN_IF_ERROR(co_await exchange(r != a, 8, 1));
+  }
+  double rtt_us = (now_ns() - start) / 1e3 / kSmallRounds;
+  // Large messages: a streams, b acknowledges the last one.
+  start = now_ns();
+  CHORUS_CO_RETURN_IF_ERROR(co_await exchange(r == a, kLargeBytes, kLargeMessages));
+  CHORUS_CO_RETURN_IF_ERROR(co_await exchange(r != a, 8, 1));
+  double stream_us = (now_ns() - start) / 1e3 - rtt_us;
+  out->alpha_us = std::max(0.05, rtt_us / 2);
+  out->beta_gbps = static_cast<double>(kLargeBytes * kLargeMessages) / std::max(stream_us, 1.0) / 1e3;
+  co_return Status();
+}
+
+Result<Measured> measure_link(Comm& comm, int a, int b) {
+  auto measured = std::make_shared<Measured>();
+  auto op = std::make_shared<Op>(&comm, "tuner calibration", [a, b, measured](OpContext& ctx) {
+    return ping_pong(ctx, a, b, measured.get());
+  });
+  CHORUS_RETURN_IF_ERROR(run_and_wait({op}, {&comm}));
+  return *measured;
+}
+
+const char* link_name(TransportKind k) { return transport_kind_name(k); }
+
+}  // namespace
+
+double local_reduce_gbps() {
+  static const double gbps = [] {
+    const size_t n = (1 << 20) / sizeof(float);
+    std::vector<float> x(n, 1.0f), y(n, 2.0f);
+    auto fn = kernels::reduce_fn(DataType::kFloat32, kernels::ReduceOp::kSum);
+    return throughput_gbps(n * sizeof(float), [&] { fn(x.data(), x.data(), y.data(), n); });
+  }();
+  return gbps;
+}
+
+double local_copy_gbps() {
+  static const double gbps = [] {
+    std::vector<char> x(1 << 20, 1), y(1 << 20);
+    return throughput_gbps(x.size(), [&] { std::memcpy(y.data(), x.data(), x.size()); });
+  }();
+  return gbps;
+}
+
+Result<TunerFile> read_tuner_file(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return invalid_argument("cannot read CHORUS_TUNER_FILE {}", path);
+  TunerFile file;
+  std::string line;
+  int number = 0;
+  while (std::getline(in, line)) {
+    ++number;
+    if (auto hash = line.find('#'); hash != std::string::npos) line.resize(hash);
+    std::istringstream words(line);
+    std::string key;
+    if (!(words >> key)) continue;
+    if (key == "reduce") {
+      if (!(words >> file.gamma_gbps) || file.gamma_gbps <= 0)
+        return invalid_argument("{}:{}: expected 'reduce <GB/s>'", path, number);
+      continue;
+    }
+    TunerFile::Link link{key, 0, 0};
+    if (!(words >> link.alpha_us >> link.beta_gbps) || link.alpha_us <= 0 || link.beta_gbps <= 0)
+      return invalid_argument("{}:{}: expected '<transport> <alpha_us> <beta_gbps>'", path, number);
+    file.links.push_back(link);
+  }
+  return file;
+}
+
+Result<CostModel> calibrate(Comm& comm) {
+  CostModel model;
+  if (comm.nranks() == 1) return model;
+  // Each rank: its slowest transport, the first peer it reaches over it, its kernel speed.
+  TransportKind worst = TransportKind::kNone;
+  int worst_peer = -1;
+  for (int p = 0; p < comm.nranks(); ++p) {
+    if (p == comm.rank()) continue;
+    if (comm.transport_to(p) > worst) {
+      worst = comm.transport_to(p);
+      worst_peer = p;
+    }
+  }
+  ByteWriter w;
+  w.put<uint8_t>(static_cast<uint8_t>(worst));
+  w.put<int32_t>(worst_peer);
+  w.put<double>(local_reduce_gbps());
+  std::vector<int> all(comm.nranks());
+  for (int r = 0; r < comm.nranks(); ++r) all[r] = r;
+  CHORUS_ASSIGN_OR_RETURN(auto records, allgather_records(comm, all, w.take()));
+  TransportKind slowest = TransportKind::kNone;
+  int a = -1, b = -1;
+  model.gamma_gbps = 1e9;
+  for (int r = 0; r < comm.nranks(); ++r) {
+    ByteReader rd(records[r]);
+    uint8_t kind = 0;
+    int32_t peer = -1;
+    double gamma = 0;
+    CHORUS_RETURN_IF_ERROR(rd.get(&kind));
+    CHORUS_RETURN_IF_ERROR(rd.get(&peer));
+    CHORUS_RETURN_IF_ERROR(rd.get(&gamma));
+    model.gamma_gbps = std::min(model.gamma_gbps, gamma);
+    if (static_cast<TransportKind>(kind) > slowest) {
+      slowest = static_cast<TransportKind>(kind);
+      a = r;
+      b = peer;
+    }
+  }
+  // A tuner file, if given, supplies the link figures (every rank must be given the same).
+  const std::string& path = params::kTunerFile.get();
+  if (!path.empty()) {
+    CHORUS_ASSIGN_OR_RETURN(TunerFile file, read_tuner_file(path));
+    for (const auto& link : file.links) {
+      if (link.transport != link_name(slowest)) continue;
+      model.alpha_us = link.alpha_us;
+      model.beta_gbps = link.beta_gbps;
+      if (file.gamma_gbps > 0) model.gamma_gbps = file.gamma_gbps;
+      model.source = "file " + path;
+      return model;
+    }
+    CHORUS_WARN(kColl, "CHORUS_TUNER_FILE {} has no line for {}; measuring instead", path,
+                link_name(slowest));
+  }
+  if (params::kTuner.get() == "STATIC") {
+    model.source = "default (CHORUS_TUNER=STATIC)";
+    return model;
+  }
+  CHORUS_ASSIGN_OR_RETURN(Measured m, measure_link(comm, a, b));
+  // Everyone adopts what rank a measured.
+  ByteWriter mine;
+  if (comm.rank() == a) {
+    mine.put(m.alpha_us);
+    mine.put(m.beta_gbps);
+  }
+  CHORUS_ASSIGN_OR_RETURN(auto shared, allgather_records(comm, all, mine.take()));
+  ByteReader rd(shared[a]);
+  CHORUS_RETURN_IF_ERROR(rd.get(&model.alpha_us));
+  CHORUS_RETURN_IF_ERROR(rd.get(&model.beta_gbps));
+  model.source = fmt::format("measured over {} between ranks {} and {}", link_name(slowest), a, b);
+  return model;
+}
+
+}  // namespace chorus::algo
