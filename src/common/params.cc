@@ -48,6 +48,9 @@ IntParam kNumChannels("NCHANNELS", "NCHANNELS", 1, 1, 16,
                       "independent ordered connections per peer");
 IntParam kShmFifoBytes("SHM_FIFO_BYTES", nullptr, 4 << 20, 64 << 10, 1ll << 30,
                        "bytes of each shared-memory FIFO (one per peer and channel)");
+IntParam kShmCmaBytes("SHM_CMA_BYTES", nullptr, 64 << 10, 0, 1ll << 40,
+                      "shared-memory messages of at least this many bytes are copied once, "
+                      "straight from the sender's memory (process_vm_readv); 0 turns it off");
 IntParam kTcpBounceBytes("TCP_BOUNCE_BYTES", nullptr, 1 << 20, 4 << 10, 1ll << 30,
                          "staging buffer a TCP receive reduces from");
 
@@ -75,7 +78,7 @@ const std::vector<Param*>& all() {
   static const std::vector<Param*> list = {
       &kDebug,        &kDebugSubsys,   &kDebugFile,    &kSocketIfname, &kSocketFamily,
       &kBootstrapTimeoutMs, &kConnectTimeoutMs, &kHostId, &kTransport, &kNumChannels,
-      &kShmFifoBytes, &kTcpBounceBytes, &kTimeoutMs,   &kSpinUs,       &kCommBlocking,
+      &kShmFifoBytes, &kShmCmaBytes,   &kTcpBounceBytes, &kTimeoutMs,   &kSpinUs,       &kCommBlocking,
       &kAlgo,         &kChunkBytes,    &kTuner,        &kTunerFile,   &kKernels,
   };
   return list;

@@ -107,6 +107,7 @@ extern StringParam kHostId;
 extern StringParam kTransport;
 extern IntParam kNumChannels;
 extern IntParam kShmFifoBytes;
+extern IntParam kShmCmaBytes;
 extern IntParam kTcpBounceBytes;
 // Progress and waiting.
 extern IntParam kTimeoutMs;

@@ -4,11 +4,16 @@
 // consumer copies (or reduces) out of its own ring and publishes tail. See README.md.
 #include "transports/shm/shm_connection.h"
 
+#include <sys/uio.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
 #include <utility>
 
 #include "common/log.h"
+#include "common/params.h"
+#include "core/process.h"
 
 namespace chorus::shm {
 
@@ -19,6 +24,9 @@ namespace {
 constexpr uint64_t kPublishBytesMax = 256 << 10;
 // Larger messages are rejected so that stream arithmetic cannot overflow.
 constexpr uint64_t kMaxMessageBytes = uint64_t{1} << 62;
+// A message by reference is read in pieces of at most this many bytes per progress() call, and
+// a reducing receive stages them in a bounce buffer of this size (it stays in cache).
+constexpr uint64_t kReferencePiece = 256 << 10;
 
 constexpr uint64_t round_up(uint64_t bytes) { return (bytes + kFifoAlign - 1) & ~(kFifoAlign - 1); }
 
@@ -45,11 +53,18 @@ ShmConnection::ShmConnection(ShmConnectionConfig config)
       recv_(config.recv_fifo),
       peer_doorbell_(config.peer_doorbell),
       keep_alive_(std::move(config.keep_alive)),
-      publish_bytes_(publish_bytes_for(config.send_fifo.fifo_bytes)) {}
+      publish_bytes_(publish_bytes_for(config.send_fifo.fifo_bytes)),
+      cma_min_bytes_(static_cast<uint64_t>(params::kShmCmaBytes.get())),
+      probe_word_(random_u64() | 1) {
+  // Publish where the consumer can find a known word of ours, to test process_vm_readv.
+  send_.control->probe_value = probe_word_;
+  send_.control->probe_addr.store(reinterpret_cast<uint64_t>(&probe_word_), std::memory_order_release);
+}
 
 ShmConnection::~ShmConnection() {
   // Requests still pending can never complete: fail them rather than leave their owners waiting.
   fail_queue(&sends_);
+  fail_queue(&by_reference_);
   fail_queue(&recvs_);
   close();
 }
@@ -104,10 +119,13 @@ Status ShmConnection::check_recv_request(const RecvRequest& req) const {
 
 bool ShmConnection::progress() {
   if (!error().ok()) return false;
+  if (recv_.control->cma_state.load(std::memory_order_relaxed) == kCmaUnknown) probe_cma();
   // Receives first: freeing space in our ring lets the peer's sends move on.
   bool changed = progress_recvs();
-  if (error().ok() && !sends_.empty() && !check_consumer_closed()) {
-    changed = progress_sends() || changed;
+  // Sends the consumer finished reading complete even if it has closed since.
+  changed = complete_by_reference_sends() || changed;
+  if (error().ok() && (!sends_.empty() || !by_reference_.empty()) && !check_consumer_closed()) {
+    if (!sends_.empty()) changed = progress_sends() || changed;
   }
   // Only when stuck: the producer may have closed after publishing what we still consume.
   if (error().ok() && !changed && !recvs_.empty()) changed = check_producer_closed();
@@ -123,7 +141,11 @@ bool ShmConnection::progress_sends() {
     if (!write_front(req, &budget)) break;
     // Published before complete(): whoever sees the send done may rely on the data being out.
     publish_head();
-    req->complete();
+    if (send_by_reference_) {
+      by_reference_.push(req);  // completes when the consumer has read it
+    } else {
+      req->complete();
+    }
     sends_.pop();
     send_cursor_ = 0;
     ++send_index_;
@@ -137,18 +159,23 @@ bool ShmConnection::write_front(SendRequest* req, uint64_t* budget) {
   const uint64_t fifo = send_.fifo_bytes;
   if (send_cursor_ == 0) {
     if (*budget < kFifoAlign || send_space(kFifoAlign) < kFifoAlign) return false;
+    send_by_reference_ = by_reference(*req);
     MsgHeader header{};
     header.magic = kMsgMagic;
     header.index = send_index_;
     header.tag = req->tag;
     header.bytes = req->bytes;
+    if (send_by_reference_) {
+      header.flags = kByReference;
+      header.address = reinterpret_cast<uint64_t>(req->buf);
+    }
     // send_pos_ is kFifoAlign-aligned and so is fifo: the header never wraps.
     std::memcpy(send_.data + send_pos_ % fifo, &header, sizeof(header));
     send_pos_ += kFifoAlign;
     send_cursor_ = kFifoAlign;
     *budget -= kFifoAlign;
   }
-  const uint64_t total = kFifoAlign + round_up(req->bytes);
+  const uint64_t total = kFifoAlign + (send_by_reference_ ? 0 : round_up(req->bytes));
   const auto* src = static_cast<const std::byte*>(req->buf);
   while (send_cursor_ < total) {
     if (send_pos_ - head_published_ >= publish_bytes_) flush_head();
@@ -201,7 +228,11 @@ bool ShmConnection::read_front(RecvRequest* req, uint64_t* budget) {
     recv_pos_ += kFifoAlign;
     recv_cursor_ = kFifoAlign;
     *budget -= kFifoAlign;
+    recv_by_reference_ = (header.flags & kByReference) != 0;
+    ref_address_ = header.address;
+    ref_done_ = 0;
   }
+  if (recv_by_reference_) return read_by_reference(req, budget);
   const uint64_t total = kFifoAlign + round_up(req->bytes);
   auto* dst = static_cast<std::byte*>(req->dst);
   const auto* src = static_cast<const std::byte*>(req->src);
@@ -227,6 +258,82 @@ bool ShmConnection::read_front(RecvRequest* req, uint64_t* budget) {
     req->bytes_done.store(payload_off + len, std::memory_order_relaxed);
   }
   return true;
+}
+
+bool ShmConnection::by_reference(const SendRequest& req) {
+  return cma_min_bytes_ > 0 && req.bytes >= cma_min_bytes_ &&
+         send_.control->cma_state.load(std::memory_order_acquire) == kCmaWorks;
+}
+
+void ShmConnection::probe_cma() {
+  // Acquire: pairs with the producer's release store, so probe_value is visible.
+  uint64_t addr = recv_.control->probe_addr.load(std::memory_order_acquire);
+  if (addr == 0) return;  // the producer's connection is not there yet
+  uint64_t value = 0;
+  iovec local{&value, sizeof(value)};
+  iovec remote{reinterpret_cast<void*>(addr), sizeof(value)};
+  ssize_t n = process_vm_readv(peer_pid_, &local, 1, &remote, 1, 0);
+  bool works = n == static_cast<ssize_t>(sizeof(value)) && value == recv_.control->probe_value;
+  if (!works) {
+    CHORUS_INFO(kShm, "rank {} cannot read the memory of rank {} (pid {}): {}; large messages "
+                "go through the FIFO", self_rank_, peer(), peer_pid_,
+                n < 0 ? std::strerror(errno) : "probe mismatch");
+  }
+  // Release: the producer loads it (acquire) before sending by reference.
+  recv_.control->cma_state.store(works ? kCmaWorks : kCmaDenied, std::memory_order_release);
+}
+
+bool ShmConnection::read_by_reference(RecvRequest* req, uint64_t* budget) {
+  auto* dst = static_cast<std::byte*>(req->dst);
+  const auto* src = static_cast<const std::byte*>(req->src);
+  if (req->reduce != nullptr && !bounce_) bounce_ = std::make_unique<std::byte[]>(kReferencePiece);
+  while (ref_done_ < req->bytes) {
+    if (*budget == 0) return false;
+    uint64_t n = std::min({req->bytes - ref_done_, kReferencePiece, *budget});
+    if (req->reduce != nullptr) n -= n % req->elem_size;
+    std::byte* target = req->reduce != nullptr ? bounce_.get() : dst + ref_done_;
+    iovec local{target, n};
+    iovec remote{reinterpret_cast<void*>(ref_address_ + ref_done_), n};
+    ssize_t got = process_vm_readv(peer_pid_, &local, 1, &remote, 1, 0);
+    if (got <= 0) {
+      int err = errno;
+      fail_all(err == ESRCH ? remote_error("rank {} (pid {}) exited while rank {} was reading {} "
+                                           "({} of {} bytes done)", peer(), peer_pid_, self_rank_,
+                                           describe_tag(req->tag), ref_done_, req->bytes)
+                            : system_error(err, fmt::format("process_vm_readv from rank {} (pid {})",
+                                                            peer(), peer_pid_)));
+      return false;
+    }
+    n = static_cast<uint64_t>(got);
+    if (req->reduce != nullptr) {
+      n -= n % req->elem_size;  // a short read: fold whole elements, re-read the rest
+      req->reduce(dst + ref_done_, src + ref_done_, bounce_.get(), n / req->elem_size);
+    }
+    ref_done_ += n;
+    *budget -= std::min(*budget, n);
+    req->bytes_done.store(ref_done_, std::memory_order_relaxed);
+  }
+  // Release: every read of the sender's buffer happens before it learns it may reuse it.
+  recv_.control->by_reference_done.store(++ref_finished_, std::memory_order_release);
+  ring_doorbell(peer_doorbell_);
+  recv_by_reference_ = false;
+  return true;
+}
+
+bool ShmConnection::complete_by_reference_sends() {
+  if (by_reference_.empty()) return false;
+  // Acquire: pairs with the consumer's release store after its last read of our buffers.
+  uint64_t done = send_.control->by_reference_done.load(std::memory_order_acquire);
+  bool completed = false;
+  while (by_reference_completed_ < done && !by_reference_.empty()) {
+    SendRequest* req = by_reference_.front();
+    req->bytes_done.store(req->bytes, std::memory_order_relaxed);
+    by_reference_.pop();
+    ++by_reference_completed_;
+    req->complete();
+    completed = true;
+  }
+  return completed;
 }
 
 Status ShmConnection::check_header(const MsgHeader& header, const RecvRequest& req) const {
@@ -306,8 +413,8 @@ void ShmConnection::flush_tail() {
 
 bool ShmConnection::check_consumer_closed() {
   if (send_.control->consumer_closed.load(std::memory_order_acquire) == 0) return false;
-  // Sends complete once copied into the ring; nobody would ever read these.
-  const SendRequest* req = sends_.front();
+  // Sends complete once copied into the ring (or read by reference); nobody would read these.
+  const SendRequest* req = sends_.empty() ? by_reference_.front() : sends_.front();
   fail_all(remote_error(
       "rank {} (pid {}) closed its shared-memory connection (channel {}): {} ({} bytes) from "
       "rank {} cannot be delivered",
@@ -333,6 +440,7 @@ void ShmConnection::fail_all(Status status) {
   set_error(std::move(status));
   CHORUS_WARN(kShm, "{}", error().message());
   fail_queue(&sends_);
+  fail_queue(&by_reference_);
   fail_queue(&recvs_);
   // The streams may now hold half a message: close both directions so that the peer fails its
   // pending requests too instead of waiting for bytes that will not come.

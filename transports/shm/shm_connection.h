@@ -32,23 +32,41 @@ struct FifoControl {
   // Set (release, after the last head store) when the producer's connection is destroyed;
   // the consumer's acquire load pairs with it, then re-reads head.
   std::atomic<uint32_t> producer_closed{0};
+  // Single-copy probe: the address, in the producer's process, of a word holding probe_value.
+  // probe_value is written before probe_addr is stored (release); the consumer loads
+  // probe_addr (acquire), then reads the word with process_vm_readv and compares.
+  uint64_t probe_value = 0;
+  std::atomic<uint64_t> probe_addr{0};
   // Line 1, written by the consumer only.
   // tail: bytes consumed. Release store after the consumer finished reading the ring bytes
   // before it; the producer's acquire load pairs with it before overwriting them.
   alignas(64) std::atomic<uint64_t> tail{0};
   // Set (release) when the consumer's connection is destroyed; producer loads it (acquire).
   std::atomic<uint32_t> consumer_closed{0};
+  // kCmaUnknown until the consumer probed whether it can read the producer's memory; the
+  // producer sends large messages by reference only once it loads (acquire) kCmaWorks.
+  std::atomic<uint32_t> cma_state{0};
+  // Messages sent by reference that the consumer has finished reading (release, after its
+  // last process_vm_readv); the producer's acquire load lets it complete those sends.
+  std::atomic<uint64_t> by_reference_done{0};
 };
+inline constexpr uint32_t kCmaUnknown = 0, kCmaWorks = 1, kCmaDenied = 2;
 static_assert(sizeof(FifoControl) == 2 * kFifoAlign);
 
 // Header of one message in the stream; the payload follows, then padding to kFifoAlign.
+// A message sent by reference (kByReference) carries no payload in the ring: the consumer
+// copies it from `address` in the producer's process with process_vm_readv (one copy instead
+// of two), then counts it in FifoControl::by_reference_done.
 struct MsgHeader {
   uint32_t magic;
   uint32_t index;  // low 32 bits of the message's ordinal on this FIFO: detects a desync
   MsgTag tag;
   uint64_t bytes;  // payload bytes
-  uint8_t pad[kFifoAlign - 40];
+  uint64_t address;  // kByReference: the payload's address in the producer's process
+  uint32_t flags;
+  uint8_t pad[kFifoAlign - 52];
 };
+inline constexpr uint32_t kByReference = 1;
 static_assert(sizeof(MsgHeader) == kFifoAlign);
 inline constexpr uint32_t kMsgMagic = 0x4d534843;  // "CHSM"
 
@@ -114,7 +132,9 @@ class ShmConnection final : public Connection {
   void post_send(SendRequest* req) override;
   void post_recv(RecvRequest* req) override;
   bool progress() override;
-  bool idle() const override { return sends_.empty() && recvs_.empty(); }
+  bool idle() const override {
+    return sends_.empty() && recvs_.empty() && by_reference_.empty();
+  }
   const char* transport_name() const override { return "shm"; }
 
  private:
@@ -130,6 +150,11 @@ class ShmConnection final : public Connection {
   uint64_t send_space(uint64_t want);
   // Published bytes not yet consumed, refreshing the cached head when fewer than `want`.
   uint64_t recv_available(uint64_t want);
+  // Messages by reference (single copy between processes).
+  bool by_reference(const SendRequest& req);
+  bool read_by_reference(RecvRequest* req, uint64_t* budget);
+  void probe_cma();
+  bool complete_by_reference_sends();
   void publish_head();  // release-stores head (the doorbell is rung by flush_head)
   void flush_head();    // publish_head + ring the peer if anything new was published
   void flush_tail();    // release-stores tail + rings the peer (a sender waiting for space)
@@ -153,6 +178,16 @@ class ShmConnection final : public Connection {
 
   RequestQueue<SendRequest> sends_;
   RequestQueue<RecvRequest> recvs_;
+  // Sends whose header is out but whose payload the consumer still reads by reference.
+  RequestQueue<SendRequest> by_reference_;
+  uint64_t by_reference_completed_ = 0;  // of those, how many we completed
+  const uint64_t cma_min_bytes_;         // 0: never by reference
+  uint64_t probe_word_;                  // read by the consumer's probe (FifoControl::probe_*)
+  // Consumer side of a message by reference being read.
+  uint64_t ref_address_ = 0;
+  uint64_t ref_done_ = 0;                // payload bytes copied
+  uint64_t ref_finished_ = 0;            // by-reference messages read, ever
+  std::unique_ptr<std::byte[]> bounce_;  // staging for reducing receives
 
   // Producer state (send_ FIFO). Positions are stream byte counts (see FifoControl).
   uint64_t send_pos_ = 0;        // written locally, published or not
@@ -160,6 +195,7 @@ class ShmConnection final : public Connection {
   uint64_t head_rung_ = 0;       // last head value the peer was rung for
   uint64_t tail_cached_ = 0;     // last value loaded from send_.control->tail
   uint64_t send_cursor_ = 0;     // bytes of the front message written (header included)
+  bool send_by_reference_ = false;  // the front message goes by reference
   uint32_t send_index_ = 0;      // ordinal of the front message
 
   // Consumer state (recv_ FIFO).
@@ -167,6 +203,7 @@ class ShmConnection final : public Connection {
   uint64_t tail_published_ = 0;  // last value stored to recv_.control->tail
   uint64_t head_cached_ = 0;     // last value loaded from recv_.control->head
   uint64_t recv_cursor_ = 0;     // bytes of the front message consumed (header included)
+  bool recv_by_reference_ = false;  // the front message is read by reference
   uint32_t recv_index_ = 0;      // ordinal of the front message
 };
 
