@@ -12,8 +12,8 @@ Task all_gather_direct(OpContext& ctx, Args a) {
   const size_t block = a.count * a.elem_size;
   if (block == 0) co_return Status();
   copy_if_needed(a.out + r * block, a.in, block);
-  auto sends = std::make_unique<SendRequest[]>(n);
-  auto recvs = std::make_unique<RecvRequest[]>(n);
+  RequestArray<SendRequest> sends(n);
+  RequestArray<RecvRequest> recvs(n);
   for (int k = 1; k < n; ++k) {
     int to = mod(r + k, n), from = mod(r - k, n);
     ctx.send(sends[k], to, a.channel, a.out + r * block, block);

@@ -21,8 +21,8 @@ Task all_reduce_oneshot(OpContext& ctx, Args a) {
   }
   copy_if_needed(a.out, a.in, bytes);
   if (n == 1 || bytes == 0) co_return Status();
-  auto sends = std::make_unique<SendRequest[]>(n);
-  auto recvs = std::make_unique<RecvRequest[]>(n);
+  RequestArray<SendRequest> sends(n);
+  RequestArray<RecvRequest> recvs(n);
   for (int k = 1; k < n; ++k) {
     int to = mod(r + k, n), from = mod(r - k, n);
     ctx.send(sends[k], to, a.channel, in, bytes);

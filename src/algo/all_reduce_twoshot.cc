@@ -16,8 +16,8 @@ Task all_reduce_twoshot(OpContext& ctx, Args a) {
   if (n == 1 || a.count == 0) co_return Status();
   auto off = [&](int b) { return block_offset(a.count, n, b) * es; };
   auto len = [&](int b) { return block_count(a.count, n, b) * es; };
-  auto sends = std::make_unique<SendRequest[]>(n);
-  auto recvs = std::make_unique<RecvRequest[]>(n);
+  RequestArray<SendRequest> sends(n);
+  RequestArray<RecvRequest> recvs(n);
   // Reduce-scatter: block r of out accumulates everyone's block r. We send from the input;
   // in place, the blocks we send are never written in this phase (only block r is).
   for (int k = 1; k < n; ++k) {

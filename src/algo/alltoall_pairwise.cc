@@ -21,8 +21,8 @@ Task alltoall_pairwise(OpContext& ctx, Args a) {
     in = copy;
   }
   if (a.out + r * bytes != in + r * bytes) std::memcpy(a.out + r * bytes, in + r * bytes, bytes);
-  auto sends = std::make_unique<SendRequest[]>(n);
-  auto recvs = std::make_unique<RecvRequest[]>(n);
+  RequestArray<SendRequest> sends(n);
+  RequestArray<RecvRequest> recvs(n);
   for (int k = 1; k < n; ++k) {
     int to = mod(r + k, n), from = mod(r - k, n);
     ctx.recv(recvs[k], from, 0, a.out + from * bytes, bytes);

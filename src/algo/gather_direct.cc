@@ -19,7 +19,7 @@ Task gather_direct(OpContext& ctx, Args a) {
     co_return co_await ctx.wait(sreq);
   }
   if (a.out + r * bytes != a.in) std::memcpy(a.out + r * bytes, a.in, bytes);
-  auto recvs = std::make_unique<RecvRequest[]>(n);
+  RequestArray<RecvRequest> recvs(n);
   for (int i = 0; i < n; ++i)
     if (i != r) ctx.recv(recvs[i], i, 0, a.out + i * bytes, bytes);
   for (int i = 0; i < n; ++i)

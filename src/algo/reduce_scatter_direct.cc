@@ -14,8 +14,8 @@ Task reduce_scatter_direct(OpContext& ctx, Args a) {
   if (block == 0) co_return Status();
   copy_if_needed(a.out, a.in + r * block, block);  // in place, recvbuf is this block already
   if (n == 1) co_return Status();
-  auto sends = std::make_unique<SendRequest[]>(n);
-  auto recvs = std::make_unique<RecvRequest[]>(n);
+  RequestArray<SendRequest> sends(n);
+  RequestArray<RecvRequest> recvs(n);
   for (int k = 1; k < n; ++k) {
     int to = mod(r + k, n), from = mod(r - k, n);
     ctx.send(sends[k], to, a.channel, a.in + to * block, block);

@@ -109,7 +109,7 @@ Task run_collective(OpContext& ctx, CollCall call) {
   bool blocked = call.kind != CollKind::kAllReduce && call.kind != CollKind::kBroadcast &&
                  call.kind != CollKind::kReduce;
   size_t bytes = call.count * a.elem_size * (blocked ? n : 1);
-  Choice choice = choose(ctx.comm().cost_model(), call.kind, bytes, n, ctx.channels());
+  Choice choice = ctx.comm().choose(call.kind, bytes);
   AlgoFn fn = algorithm(call.kind, choice.algo);
   if (fn == nullptr) co_return internal_error("no algorithm for {}", coll_name(call.kind));
   CHORUS_TRACE(kColl, "{}: {} x{} channel(s)", describe_tag(call.tag), algo_name(choice.algo),

@@ -18,7 +18,7 @@ Task scatter_direct(OpContext& ctx, Args a) {
     co_return co_await ctx.wait(rreq);
   }
   if (a.out != a.in + r * bytes) std::memcpy(a.out, a.in + r * bytes, bytes);
-  auto sends = std::make_unique<SendRequest[]>(n);
+  RequestArray<SendRequest> sends(n);
   for (int i = 0; i < n; ++i)
     if (i != r) ctx.send(sends[i], i, 0, a.in + i * bytes, bytes);
   for (int i = 0; i < n; ++i)

@@ -13,8 +13,8 @@ namespace chorus::algo {
 
 Task send_recv_batch(OpContext& ctx, const std::vector<CollCall>& calls) {
   const int r = ctx.rank();
-  auto sends = std::make_unique<SendRequest[]>(calls.size());
-  auto recvs = std::make_unique<RecvRequest[]>(calls.size());
+  RequestArray<SendRequest> sends(calls.size());
+  RequestArray<RecvRequest> recvs(calls.size());
   std::vector<const CollCall*> self_sends, self_recvs;
   for (size_t i = 0; i < calls.size(); ++i) {
     const CollCall& c = calls[i];

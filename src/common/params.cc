@@ -89,6 +89,7 @@ const std::vector<Param*>& all() {
 namespace {
 
 std::atomic<bool> g_loaded{false};
+std::atomic<uint64_t> g_generation{0};
 std::mutex g_load_mutex;
 
 std::string_view trim(std::string_view s) {
@@ -197,7 +198,13 @@ void load_all() {
     }
     p->source_ = source;
   }
+  g_generation.fetch_add(1, std::memory_order_release);
   g_loaded.store(true, std::memory_order_release);
+}
+
+uint64_t generation() {
+  if (!g_loaded.load(std::memory_order_acquire)) load_all();
+  return g_generation.load(std::memory_order_acquire);
 }
 
 void reload_for_testing() {

@@ -89,6 +89,8 @@ void load_all();
 // Forgets cached values so the next access re-reads the environment. Tests only: not safe
 // while other threads read parameters.
 void reload_for_testing();
+// Bumped whenever values are (re)loaded: caches derived from parameters compare it.
+uint64_t generation();
 // Parses a size with an optional K/M/G suffix (powers of 1024) or an integer; false if invalid.
 bool parse_int(std::string_view text, int64_t* out);
 

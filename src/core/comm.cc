@@ -61,6 +61,7 @@ void Comm::poison(const Status& why) {
     std::lock_guard<std::mutex> lock(status_mutex_);
     if (!failure_.ok()) return;
     failure_ = why;
+    failed_.store(true, std::memory_order_release);
   }
   CHORUS_WARN(kColl, "{}: {}", describe(), why.message());
   if (state() == State::kReady) state_.store(State::kFailed, std::memory_order_release);
@@ -79,12 +80,10 @@ bool Comm::has_pending_ops() const {
 
 Status Comm::enqueue(const std::shared_ptr<Op>& op) {
   if (aborting()) return invalid_usage("{} was aborted", describe());
-  {
+  if (failed_.load(std::memory_order_acquire)) {
     std::lock_guard<std::mutex> lock(status_mutex_);
-    if (!failure_.ok()) {
-      Status s = failure_;
-      return s.with_context(fmt::format("{} is unusable after an earlier failure", describe()));
-    }
+    Status s = failure_;
+    return s.with_context(fmt::format("{} is unusable after an earlier failure", describe()));
   }
   // Internal exchanges may involve a subset of the ranks: they count apart from collectives.
   uint32_t seq = op->p2p_batch() ? 0 : op->is_internal() ? internal_seq_++ : coll_seq_++;
@@ -111,12 +110,12 @@ Status Comm::enqueue(const std::shared_ptr<Op>& op) {
 bool Comm::advance() {
   bool progressed = false;
   for (;;) {
-    std::shared_ptr<Op> op;
-    {
+    if (current_ == nullptr) {
       std::lock_guard<std::mutex> lock(queue_mutex_);
       if (queue_.empty()) break;
-      op = queue_.front();
+      current_ = queue_.front().get();  // stays queued (alive) until finish_op pops it
     }
+    Op* op = current_;
     if (!op->started) {
       if (!op->deps_done()) break;  // stream order: an earlier op on its stream is pending
       Status status = start_op(*op);
@@ -135,12 +134,13 @@ bool Comm::advance() {
     }
     if (moved) {
       op->last_progress_ns = now_ns();
+      idle_passes_ = 0;
       progressed = true;
     } else if (aborting()) {
       finish_op(*op, remote_error("{} was aborted during {}", describe(), op->describe()));
       progressed = true;
       continue;
-    } else {
+    } else if (++idle_passes_ % 64 == 0) {  // the clock is read only now and then
       Status status = check_timeout(*op);
       if (!status.ok()) {
         finish_op(*op, std::move(status));
@@ -157,12 +157,10 @@ Status Comm::start_op(Op& op) {
   op.started = true;
   op.last_progress_ns = now_ns();
   if (aborting()) return remote_error("{} was aborted before {}", describe(), op.describe());
-  {
+  if (failed_.load(std::memory_order_acquire)) {
     std::lock_guard<std::mutex> lock(status_mutex_);
-    if (!failure_.ok()) {
-      Status s = failure_;
-      return s.with_context(fmt::format("{} not run: the communicator failed earlier", op.describe()));
-    }
+    Status s = failure_;
+    return s.with_context(fmt::format("{} not run: the communicator failed earlier", op.describe()));
   }
   for (const auto& d : op.deps()) {
     if (!d->status().ok()) {
@@ -172,7 +170,7 @@ Status Comm::start_op(Op& op) {
     }
   }
   op.deps().clear();  // drop references so completed ops are freed
-  op.fibers = std::make_unique<FiberSet>(algo::run_op(*this, op));
+  op.fibers.emplace(algo::run_op(*this, op));
   return Status();
 }
 
@@ -185,13 +183,29 @@ void Comm::finish_op(Op& op, Status status) {
     close_connections();
   }
   op.fibers.reset();
+  // The queue's reference may be the last one: keep the op alive until we are done with it.
+  std::shared_ptr<Op> keep;
   {
     std::lock_guard<std::mutex> lock(queue_mutex_);
-    if (!queue_.empty() && queue_.front().get() == &op) queue_.pop_front();
+    if (!queue_.empty() && queue_.front().get() == &op) {
+      keep = std::move(queue_.front());
+      queue_.pop_front();
+    }
   }
+  if (current_ == &op) current_ = nullptr;
   for (Stream* s : op.streams()) s->note_result(status);
   op.complete(std::move(status));
   ProcessContext::get().ring_local();
+}
+
+algo::Choice Comm::choose(CollKind coll, size_t bytes) {
+  uint64_t generation = params::generation();
+  ChoiceSlot& slot =
+      choices_[((static_cast<size_t>(coll) * 31 + bytes) * 0x9E3779B97F4A7C15ull) >> 58];
+  if (slot.generation != generation || slot.coll != coll || slot.bytes != bytes) {
+    slot = ChoiceSlot{generation, coll, bytes, algo::choose(model_, coll, bytes, nranks(), channels_)};
+  }
+  return slot.choice;
 }
 
 bool Comm::progress_connections() {

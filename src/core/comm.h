@@ -101,6 +101,8 @@ class Comm : public std::enable_shared_from_this<Comm> {
   Connection* conn(int peer, int channel) const { return conns_[peer][channel].get(); }
   // The cost model the tuner chooses algorithms with (agreed by every rank at setup).
   const algo::CostModel& cost_model() const { return model_; }
+  // The tuner's choice for a call, memoised (drive lock held: called from operations).
+  algo::Choice choose(CollKind coll, size_t bytes);
   // "comm 0x1234abcd rank 2/4" plus the name if any, for messages.
   std::string describe() const;
 
@@ -172,6 +174,7 @@ class Comm : public std::enable_shared_from_this<Comm> {
 
   std::atomic<State> state_{State::kInitializing};
   std::atomic<bool> abort_{false};
+  std::atomic<bool> failed_{false};  // failure_ is set (checked without the lock)
   mutable std::mutex status_mutex_;
   Status failure_;  // why the comm broke (guarded by status_mutex_)
 
@@ -184,6 +187,15 @@ class Comm : public std::enable_shared_from_this<Comm> {
   uint32_t child_ordinal_ = 0;
 
   std::vector<Connection*> active_;  // drive lock
+  Op* current_ = nullptr;            // drive lock: the queue's head, once seen
+  uint32_t idle_passes_ = 0;         // drive lock: passes without progress (timeout checks)
+  struct ChoiceSlot {
+    uint64_t generation = 0;  // params::generation() it was computed under; 0: empty
+    CollKind coll = CollKind::kAllReduce;
+    size_t bytes = 0;
+    algo::Choice choice;
+  };
+  ChoiceSlot choices_[64];           // drive lock
   std::vector<std::unique_ptr<char[]>> scratch_;
   std::vector<size_t> scratch_bytes_;
 

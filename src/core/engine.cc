@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
+#include <span>
 
 #include "common/clock.h"
 #include "common/log.h"
@@ -21,7 +22,8 @@ constexpr int kMaxSleepMs = 100;  // a sleeper re-checks deadlines and abort at 
 inline void cpu_relax() { __builtin_ia32_pause(); }
 }  // namespace
 
-void Idler::idle(const std::function<bool()>& retry, std::vector<pollfd>& fds, int slice_ms) {
+void Idler::idle(const std::function<bool()>& retry,
+                 const std::function<bool(std::vector<pollfd>*)>& collect) {
   int64_t now = now_ns();
   if (idle_since_ns_ == 0) {
     idle_since_ns_ = now;
@@ -33,42 +35,52 @@ void Idler::idle(const std::function<bool()>& retry, std::vector<pollfd>& fds, i
     if (++spins_ % 32 == 0) sched_yield();
     return;
   }
+  fds_.clear();
+  bool doorbell_too = collect(&fds_);
+  // Sockets alone: poll long (the eventfd covers wake-ups from this process). Sockets and shared
+  // memory: peers ring only the futex, so poll in short slices.
+  int slice_ms = !fds_.empty() && doorbell_too ? 1 : kMaxSleepMs;
   ProcessContext& process = ProcessContext::get();
   DoorbellWord* bell = process.doorbell();
   uint32_t seen = bell->seq.load(std::memory_order_seq_cst);
-  if (fds.empty()) {
+  if (fds_.empty()) {
     bell->sleepers.fetch_add(1, std::memory_order_seq_cst);
-    if (!retry()) futex_wait(&bell->seq, seen, std::min(slice_ms, kMaxSleepMs));
+    // Pairs with the fence in ring_doorbell: either the ringer sees us asleep, or retry() sees
+    // what it published.
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+    if (!retry()) futex_wait(&bell->seq, seen, slice_ms);
     bell->sleepers.fetch_sub(1, std::memory_order_seq_cst);
   } else {
     bell->pollers.fetch_add(1, std::memory_order_seq_cst);
+    std::atomic_thread_fence(std::memory_order_seq_cst);  // as above, for ring_local()
     if (!retry()) {
-      fds.push_back(pollfd{process.wake_fd(), POLLIN, 0});
-      int n = poll(fds.data(), fds.size(), std::min(slice_ms, kMaxSleepMs));
-      if (n > 0 && (fds.back().revents & POLLIN)) process.drain_wake_fd();
+      fds_.push_back(pollfd{process.wake_fd(), POLLIN, 0});
+      int n = poll(fds_.data(), fds_.size(), slice_ms);
+      if (n > 0 && (fds_.back().revents & POLLIN)) process.drain_wake_fd();
     }
     bell->pollers.fetch_sub(1, std::memory_order_seq_cst);
   }
 }
 
-void drive_until(const std::function<bool()>& done, const std::vector<Comm*>& comms) {
+void drive_until(const std::function<bool()>& done, Comm* const* comm_list, size_t count) {
   Idler idler;
-  std::vector<pollfd> fds;
-  bool short_slice = false;
+  std::span<Comm* const> comms(comm_list, count);
   auto pass = [&]() {
     bool progressed = false;
-    fds.clear();
-    short_slice = false;
     for (Comm* c : comms) {
       std::unique_lock<std::mutex> lock(c->drive_mutex(), std::try_to_lock);
-      if (!lock.owns_lock()) {
-        short_slice = true;  // another thread drives it; it rings us when it finishes ops
-        continue;
-      }
-      progressed |= c->advance();
-      short_slice |= c->collect_poll_fds(&fds);
+      if (lock.owns_lock()) progressed |= c->advance();
     }
     return progressed;
+  };
+  auto collect = [&](std::vector<pollfd>* fds) {
+    bool doorbell = false;
+    for (Comm* c : comms) {
+      std::unique_lock<std::mutex> lock(c->drive_mutex(), std::try_to_lock);
+      // Driven by another thread: it rings us when it finishes operations.
+      doorbell |= !lock.owns_lock() || c->collect_poll_fds(fds);
+    }
+    return doorbell;
   };
   while (!done()) {
     if (pass()) {
@@ -76,7 +88,7 @@ void drive_until(const std::function<bool()>& done, const std::vector<Comm*>& co
       continue;
     }
     if (done()) break;
-    idler.idle([&] { return pass() || done(); }, fds, short_slice && !fds.empty() ? 1 : kMaxSleepMs);
+    idler.idle([&] { return pass() || done(); }, collect);
   }
 }
 
@@ -134,7 +146,7 @@ void Engine::stop() {
   if (thread.joinable()) thread.join();
 }
 
-bool Engine::pass(std::vector<pollfd>* fds, bool* short_slice) {
+bool Engine::pass() {
   std::vector<std::shared_ptr<Comm>> comms;
   std::vector<std::shared_ptr<Op>> host_ops;
   {
@@ -143,17 +155,11 @@ bool Engine::pass(std::vector<pollfd>* fds, bool* short_slice) {
     host_ops = host_ops_;
   }
   bool progressed = false;
-  fds->clear();
-  *short_slice = false;
   std::vector<Comm*> finished;
   for (const auto& c : comms) {
     std::unique_lock<std::mutex> lock(c->drive_mutex(), std::try_to_lock);
-    if (!lock.owns_lock()) {
-      *short_slice = true;
-      continue;
-    }
+    if (!lock.owns_lock()) continue;
     progressed |= c->advance();
-    *short_slice |= c->collect_poll_fds(fds);
     if (!c->has_pending_ops()) finished.push_back(c.get());
   }
   std::vector<Op*> ran;
@@ -183,11 +189,24 @@ bool Engine::pass(std::vector<pollfd>* fds, bool* short_slice) {
   return progressed;
 }
 
+bool Engine::collect(std::vector<pollfd>* fds) {
+  std::vector<std::shared_ptr<Comm>> comms;
+  bool doorbell = false;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    comms = comms_;
+    doorbell = !host_ops_.empty();
+  }
+  for (const auto& c : comms) {
+    std::unique_lock<std::mutex> lock(c->drive_mutex(), std::try_to_lock);
+    doorbell |= !lock.owns_lock() || c->collect_poll_fds(fds);
+  }
+  return doorbell;
+}
+
 void Engine::run() {
   pthread_setname_np(pthread_self(), "chorus-prog");
   Idler idler;
-  std::vector<pollfd> fds;
-  bool short_slice = false;
   for (;;) {
     {
       // Nothing to drive: block until watch()/submit() hand over work (no periodic wake-ups).
@@ -195,12 +214,11 @@ void Engine::run() {
       work_cv_.wait(lock, [&] { return stopping_ || has_work_locked(); });
       if (stopping_) return;
     }
-    if (pass(&fds, &short_slice)) {
+    if (pass()) {
       idler.reset();
       continue;
     }
-    idler.idle([&] { return pass(&fds, &short_slice); }, fds,
-               short_slice && !fds.empty() ? 1 : kMaxSleepMs);
+    idler.idle([&] { return pass(); }, [&](std::vector<pollfd>* fds) { return collect(fds); });
   }
 }
 

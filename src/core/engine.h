@@ -10,6 +10,7 @@
 
 #include <condition_variable>
 #include <functional>
+#include <initializer_list>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -26,17 +27,26 @@ class Idler {
   void reset() { idle_since_ns_ = 0; }
   // `retry` runs one more pass after this thread has registered as a sleeper (so a wake-up
   // between the last pass and the sleep is not lost); it returns true if it made progress.
-  // `fds` are sockets to watch; `slice_ms` bounds the sleep.
-  void idle(const std::function<bool()>& retry, std::vector<pollfd>& fds, int slice_ms);
+  // `collect` is called only before sleeping: it adds the sockets to watch and returns true if
+  // something that only rings the doorbell (shared memory, another thread) matters too.
+  void idle(const std::function<bool()>& retry,
+            const std::function<bool(std::vector<pollfd>*)>& collect);
 
  private:
   int64_t idle_since_ns_ = 0;
   uint32_t spins_ = 0;
+  std::vector<pollfd> fds_;
 };
 
 // Drives `comms` from the calling thread until done() holds. Operations bound their own
 // waits (CHORUS_TIMEOUT_MS), so this returns once they complete or fail.
-void drive_until(const std::function<bool()>& done, const std::vector<Comm*>& comms);
+void drive_until(const std::function<bool()>& done, Comm* const* comms, size_t count);
+inline void drive_until(const std::function<bool()>& done, std::initializer_list<Comm*> comms) {
+  drive_until(done, comms.begin(), comms.size());
+}
+inline void drive_until(const std::function<bool()>& done, const std::vector<Comm*>& comms) {
+  drive_until(done, comms.data(), comms.size());
+}
 
 class Engine {
  public:
@@ -52,7 +62,9 @@ class Engine {
   Engine() = default;
   void run();
   // One pass over the watched work; true if anything progressed.
-  bool pass(std::vector<pollfd>* fds, bool* short_slice);
+  bool pass();
+  // Sockets of the watched comms (for sleeping); true if the doorbell matters too.
+  bool collect(std::vector<pollfd>* fds);
   bool has_work_locked() const { return !comms_.empty() || !host_ops_.empty(); }
 
   std::mutex mutex_;  // guards comms_, host_ops_, thread_, stopping_

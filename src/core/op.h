@@ -7,7 +7,9 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
+#include <new>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "common/dtype.h"
@@ -78,7 +80,7 @@ class Op {
   void complete(Status status);
 
   // Execution state, touched only by the thread holding the comm's drive lock.
-  std::unique_ptr<FiberSet> fibers;
+  std::optional<FiberSet> fibers;
   int64_t last_progress_ns = 0;
   bool started = false;
 
@@ -93,6 +95,33 @@ class Op {
   std::vector<Stream*> streams_;
   std::atomic<uint32_t> done_{0};
   Status status_;
+};
+
+// Requests of one step of an algorithm, one per peer: inline for the usual few ranks (the
+// coroutine frame holds them), on the heap beyond.
+template <typename T, size_t kInline = 8>
+class RequestArray {
+ public:
+  explicit RequestArray(size_t n) : n_(n) {
+    if (n > kInline) {
+      heap_ = std::make_unique<T[]>(n);
+    } else {
+      for (size_t i = 0; i < n; ++i) new (&slot(i)) T();  // only the n in use
+    }
+  }
+  ~RequestArray() {
+    if (n_ <= kInline)
+      for (size_t i = 0; i < n_; ++i) slot(i).~T();
+  }
+  RequestArray(const RequestArray&) = delete;
+  RequestArray& operator=(const RequestArray&) = delete;
+  T& operator[](size_t i) { return n_ > kInline ? heap_[i] : slot(i); }
+
+ private:
+  T& slot(size_t i) { return *std::launder(reinterpret_cast<T*>(storage_ + i * sizeof(T))); }
+  size_t n_;
+  alignas(T) unsigned char storage_[kInline * sizeof(T)];
+  std::unique_ptr<T[]> heap_;
 };
 
 // What an algorithm sees: the comm, its rank, and helpers to post and await transfers.

@@ -33,8 +33,13 @@ void futex_wake_all(std::atomic<uint32_t>* word) {
 }
 
 void ring_doorbell(DoorbellWord* word) {
+  // Dekker with the sleeper (Idler::idle): it increments `sleepers`, then looks for work; we
+  // published the work, then look for sleepers. The fence orders our publication before this
+  // load, so either it sees the work or we see it. Nobody asleep: no write to the shared line.
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  if (word->sleepers.load(std::memory_order_relaxed) == 0) return;
   word->seq.fetch_add(1, std::memory_order_seq_cst);
-  if (word->sleepers.load(std::memory_order_seq_cst) != 0) futex_wake_all(&word->seq);
+  futex_wake_all(&word->seq);
 }
 
 bool random_bytes(void* out, size_t bytes) {
@@ -126,8 +131,8 @@ ProcessContext& ProcessContext::get() {
 }
 
 void ProcessContext::ring_local() {
-  ring_doorbell(doorbell_);
-  if (doorbell_->pollers.load(std::memory_order_seq_cst) != 0 && wake_fd_.valid()) {
+  ring_doorbell(doorbell_);  // its fence also orders the pollers load below
+  if (doorbell_->pollers.load(std::memory_order_relaxed) != 0 && wake_fd_.valid()) {
     uint64_t one = 1;
     [[maybe_unused]] ssize_t n = write(wake_fd_.get(), &one, sizeof(one));
   }

@@ -7,7 +7,8 @@
 namespace chorus {
 
 namespace {
-thread_local Fiber* t_current_fiber = nullptr;
+// initial-exec: these are touched on every wait and frame; avoid __tls_get_addr calls.
+__attribute__((tls_model("initial-exec"))) thread_local Fiber* t_current_fiber = nullptr;
 
 // Size classes of 128 bytes up to 4 KiB; larger frames go to the global allocator. A frame
 // freed on another thread joins that thread's list; lists are capped, so memory stays bounded.
@@ -23,7 +24,7 @@ struct FrameCache {
       for (std::size_t i = 0; i < count[c]; ++i) ::operator delete(frames[c][i]);
   }
 };
-thread_local FrameCache t_frames;
+__attribute__((tls_model("initial-exec"))) thread_local FrameCache t_frames;
 
 std::size_t frame_class(std::size_t bytes) { return (bytes + kFrameClass - 1) / kFrameClass; }
 }  // namespace
@@ -74,36 +75,35 @@ bool Fiber::step() {
   return true;
 }
 
-FiberSet::FiberSet(Task root) {
-  fibers_.push_back(std::make_unique<Fiber>(std::move(root), this, nullptr));
-}
+FiberSet::FiberSet(Task root) : root_(std::move(root), this, nullptr) {}
 
 bool FiberSet::step_all() {
-  bool ran = false;
+  bool ran = root_.step();
   // Index loop: stepping may spawn (append) fibers, which then run in this same pass.
-  for (size_t i = 0; i < fibers_.size(); ++i) ran |= fibers_[i]->step();
+  for (size_t i = 0; i < children_.size(); ++i) ran |= children_[i]->step();
   // Drop finished children once they dominate, so long pipelines do not accumulate them.
-  if (fibers_.size() > 64) {
+  if (children_.size() > 64) {
     size_t finished = 0;
-    for (size_t i = 1; i < fibers_.size(); ++i) finished += fibers_[i]->done() ? 1 : 0;
-    if (finished * 2 > fibers_.size()) {
+    for (const auto& f : children_) finished += f->done() ? 1 : 0;
+    if (finished * 2 > children_.size()) {
       std::vector<std::unique_ptr<Fiber>> kept;
-      kept.reserve(fibers_.size() - finished);
-      for (size_t i = 0; i < fibers_.size(); ++i)
-        if (i == 0 || !fibers_[i]->done()) kept.push_back(std::move(fibers_[i]));
-      fibers_ = std::move(kept);
+      kept.reserve(children_.size() - finished);
+      for (auto& f : children_)
+        if (!f->done()) kept.push_back(std::move(f));
+      children_ = std::move(kept);
     }
   }
   return ran;
 }
 
 void FiberSet::add(Task task, std::shared_ptr<GroupState> group) {
-  fibers_.push_back(std::make_unique<Fiber>(std::move(task), this, std::move(group)));
+  children_.push_back(std::make_unique<Fiber>(std::move(task), this, std::move(group)));
 }
 
 std::vector<const Request*> FiberSet::waiting_requests() const {
   std::vector<const Request*> out;
-  for (const auto& f : fibers_)
+  if (const Request* r = root_.waiting_on()) out.push_back(r);
+  for (const auto& f : children_)
     if (const Request* r = f->waiting_on()) out.push_back(r);
   return out;
 }

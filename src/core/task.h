@@ -141,7 +141,7 @@ class Fiber {
   std::shared_ptr<GroupState> group_;  // null for an operation's root fiber
 };
 
-// The fibers of one operation.
+// The fibers of one operation: the root, and children spawned by FiberGroups.
 class FiberSet {
  public:
   explicit FiberSet(Task root);
@@ -150,15 +150,15 @@ class FiberSet {
 
   // Steps every runnable fiber once; true if any ran.
   bool step_all();
-  bool done() const { return fibers_.front()->done(); }
-  Status take_status() { return fibers_.front()->take_status(); }
+  bool done() const { return root_.done(); }
+  Status take_status() { return root_.take_status(); }
   void add(Task task, std::shared_ptr<GroupState> group);
   // Requests that blocked fibers wait on (diagnostics).
   std::vector<const Request*> waiting_requests() const;
 
  private:
-  std::vector<std::unique_ptr<Fiber>> fibers_;  // [0] is the root
-  size_t finished_children_ = 0;
+  Fiber root_;
+  std::vector<std::unique_ptr<Fiber>> children_;  // spawned by FiberGroups
 };
 
 // `co_await wait_until(cond)`: parks the current fiber until cond holds.
