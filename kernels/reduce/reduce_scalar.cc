@@ -3,6 +3,7 @@
 // The reference kernels: plain loops the compiler may auto-vectorise, used where no faster
 // table applies and as the oracle the other tables are tested against.
 #include <algorithm>
+#include <cstring>
 #include <type_traits>
 
 #include "kernels/fp8/convert.h"
@@ -70,18 +71,40 @@ C mul(C a, C b) {
 }
 
 template <typename T, ReduceOp kOp>
+typename T::Storage combine(typename T::Storage x, typename T::Storage y) {
+  auto u = T::load(x);
+  auto v = T::load(y);
+  if constexpr (kOp == ReduceOp::kSum) {
+    return T::store(add(u, v));
+  } else if constexpr (kOp == ReduceOp::kProd) {
+    return T::store(mul(u, v));
+  } else if constexpr (kOp == ReduceOp::kMax) {
+    return T::store(std::max(u, v));
+  } else {
+    return T::store(std::min(u, v));
+  }
+}
+
+template <typename T, ReduceOp kOp>
 void reduce_loop(void* dst, const void* a, const void* b, size_t count) {
   using S = typename T::Storage;
   auto* d = static_cast<S*>(dst);
   const auto* x = static_cast<const S*>(a);
   const auto* y = static_cast<const S*>(b);
+  for (size_t i = 0; i < count; ++i) d[i] = combine<T, kOp>(x[i], y[i]);
+}
+
+template <typename T, ReduceOp kOp>
+void reduce_copy_loop(void* dst1, void* dst2, const void* a, const void* b, size_t count) {
+  using S = typename T::Storage;
+  auto* d1 = static_cast<S*>(dst1);
+  auto* d2 = static_cast<S*>(dst2);
+  const auto* x = static_cast<const S*>(a);
+  const auto* y = static_cast<const S*>(b);
   for (size_t i = 0; i < count; ++i) {
-    auto u = T::load(x[i]);
-    auto v = T::load(y[i]);
-    if constexpr (kOp == ReduceOp::kSum) d[i] = T::store(add(u, v));
-    if constexpr (kOp == ReduceOp::kProd) d[i] = T::store(mul(u, v));
-    if constexpr (kOp == ReduceOp::kMax) d[i] = T::store(std::max(u, v));
-    if constexpr (kOp == ReduceOp::kMin) d[i] = T::store(std::min(u, v));
+    S r = combine<T, kOp>(x[i], y[i]);
+    d1[i] = r;
+    d2[i] = r;
   }
 }
 
@@ -100,12 +123,33 @@ void divide_loop(void* dst, size_t count, uint32_t divisor) {
   using C = typename T::Compute;
   auto* d = static_cast<S*>(dst);
   if constexpr (std::is_integral_v<C>) {
-    C n = static_cast<C>(divisor);
-    for (size_t i = 0; i < count; ++i) d[i] = T::store(static_cast<C>(T::load(d[i]) / n));
+    // Divide by the rank count itself, not by it wrapped to the element type (int8 / 200).
+    using W = std::conditional_t<std::is_signed_v<C>, int64_t, uint64_t>;
+    const W n = divisor;
+    for (size_t i = 0; i < count; ++i)
+      d[i] = T::store(static_cast<C>(static_cast<W>(T::load(d[i])) / n));
   } else {
     C n = static_cast<C>(divisor);
     for (size_t i = 0; i < count; ++i) d[i] = T::store(T::load(d[i]) / n);
   }
+}
+
+template <typename T>
+void to_float_loop(void* dst, const void* src, size_t count) {
+  const auto* s = static_cast<const typename T::Storage*>(src);
+  auto* d = static_cast<float*>(dst);
+  for (size_t i = 0; i < count; ++i) d[i] = T::load(s[i]);
+}
+
+template <typename T>
+void from_float_loop(void* dst, const void* src, size_t count) {
+  const auto* s = static_cast<const float*>(src);
+  auto* d = static_cast<typename T::Storage*>(dst);
+  for (size_t i = 0; i < count; ++i) d[i] = T::store(s[i]);
+}
+
+void copy_bytes(void* dst, const void* src, size_t bytes) {
+  if (bytes != 0) std::memcpy(dst, src, bytes);
 }
 
 template <typename T>
@@ -115,13 +159,22 @@ constexpr void fill(KernelTable& table, DataType t) {
   table.reduce[i][1] = reduce_loop<T, ReduceOp::kProd>;
   table.reduce[i][2] = reduce_loop<T, ReduceOp::kMax>;
   table.reduce[i][3] = reduce_loop<T, ReduceOp::kMin>;
+  table.reduce_copy[i][0] = reduce_copy_loop<T, ReduceOp::kSum>;
+  table.reduce_copy[i][1] = reduce_copy_loop<T, ReduceOp::kProd>;
+  table.reduce_copy[i][2] = reduce_copy_loop<T, ReduceOp::kMax>;
+  table.reduce_copy[i][3] = reduce_copy_loop<T, ReduceOp::kMin>;
   table.scale[i] = scale_loop<T>;
   table.divide[i] = divide_loop<T>;
+  if constexpr (!std::is_same_v<typename T::Storage, typename T::Compute>) {
+    table.to_float[i] = to_float_loop<T>;
+    table.from_float[i] = from_float_loop<T>;
+  }
 }
 
 KernelTable make_scalar_table() {
   KernelTable table{};
   table.isa = "scalar";
+  table.copy = copy_bytes;
   fill<Plain<int8_t>>(table, DataType::kInt8);
   fill<Plain<uint8_t>>(table, DataType::kUint8);
   fill<Plain<int32_t>>(table, DataType::kInt32);

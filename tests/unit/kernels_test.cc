@@ -244,5 +244,20 @@ TEST_CASE("scale and divide kernels match the reference", "[unit][kernels]") {
   }
 }
 
+TEST_CASE("integer averages divide by the rank count itself, never wrapped", "[unit][kernels]") {
+  int8_t s8[4] = {127, -128, 100, -5};
+  divide_fn(DataType::kInt8)(s8, 4, 200);  // 200 wrapped to int8 would be -56
+  CHECK((s8[0] == 0 && s8[1] == 0 && s8[2] == 0 && s8[3] == 0));
+  uint8_t u8[2] = {255, 17};
+  divide_fn(DataType::kUint8)(u8, 2, 256);  // 256 wrapped to uint8 would divide by zero
+  CHECK((u8[0] == 0 && u8[1] == 0));
+  int32_t s32[2] = {-7, 2000000000};
+  divide_fn(DataType::kInt32)(s32, 2, 3000000000u);
+  CHECK((s32[0] == 0 && s32[1] == 0));
+  int8_t exact[2] = {-100, 99};
+  divide_fn(DataType::kInt8)(exact, 2, 3);
+  CHECK((exact[0] == -33 && exact[1] == 33));
+}
+
 }  // namespace
 }  // namespace chorus::kernels
