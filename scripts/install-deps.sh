@@ -11,7 +11,7 @@ build_pkgs=(build-essential cmake pkg-config git libfmt-dev libhwloc-dev hwloc-n
             libbenchmark-dev libssl-dev libibverbs-dev librdmacm-dev rdma-core ibverbs-utils
             libucx-dev ucx-utils openmpi-bin libopenmpi-dev clang libclang-rt-14-dev binutils
             iproute2 procps)
-bench_pkgs=(python3-torch python3-numpy gnuplot-nox)
+bench_pkgs=(python3-torch python3-numpy gnuplot-nox python3-matplotlib)
 
 want=("${build_pkgs[@]}")
 for arg in "$@"; do
