@@ -2,8 +2,10 @@
 // File: tools/chorus_info.cc
 // chorus-info: what this Chorus build and this host offer — version, kernels, transports and
 // network interfaces, the hwloc topology, and every parameter with its value and description.
-//   chorus-info            everything
-//   chorus-info --params   parameters only
+//   chorus-info                everything
+//   chorus-info --params       parameters only
+//   chorus-info --tune [FILE]  measure the transports' alpha/beta, show the tuner's choices,
+//                              and write them to FILE for CHORUS_TUNER_FILE
 #include <chorus/chorus.h>
 #include <fmt/format.h>
 
@@ -13,6 +15,7 @@
 #include "common/params.h"
 #include "core/process.h"
 #include "kernels/reduce/reduce.h"
+#include "tools/chorus_info_tune.h"
 #include "topo/topology.h"
 
 #if CHORUS_HAVE_VERBS
@@ -56,9 +59,10 @@ void print_transports() {
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (argc > 1 && std::strcmp(argv[1], "--tune") == 0) return chorus::info::tune(argc > 2 ? argv[2] : nullptr);
   bool params_only = argc > 1 && std::strcmp(argv[1], "--params") == 0;
   if (argc > 1 && !params_only) {
-    fmt::print(stderr, "usage: {} [--params]\n", argv[0]);
+    fmt::print(stderr, "usage: {} [--params | --tune [FILE]]\n", argv[0]);
     return 2;
   }
   if (!params_only) {
@@ -70,6 +74,7 @@ int main(int argc, char** argv) {
     fmt::print("Topology (hwloc): {}\n",
                topo.ok() ? topo->to_string() : topo.status().message());
     print_transports();
+    chorus::info::print_tuner();
   }
   print_params();
   return 0;

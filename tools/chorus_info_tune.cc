@@ -1,0 +1,150 @@
+// SPDX-License-Identifier: Apache-2.0
+// File: tools/chorus_info_tune.cc
+// chorus-info's tuner section: the cost model, the algorithms it picks by size, and
+// `--tune`, which measures alpha/beta of each local transport between two ranks and can save
+// them as a CHORUS_TUNER_FILE.
+#include "tools/chorus_info_tune.h"
+
+#include <fmt/format.h>
+#include <nccl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <thread>
+
+#include "algo/tuner.h"
+#include "api/api_util.h"
+#include "common/params.h"
+
+namespace chorus::info {
+
+namespace {
+
+const CollKind kColls[] = {CollKind::kAllReduce, CollKind::kReduceScatter, CollKind::kAllGather,
+                           CollKind::kBroadcast, CollKind::kReduce, CollKind::kAlltoAll};
+
+void print_choices(const algo::CostModel& model, int nranks) {
+  fmt::print("  Choices for {} ranks ({}):\n", nranks, model.to_string());
+  fmt::print("    {:<14}", "size");
+  for (CollKind c : kColls) fmt::print(" {:>13}", coll_name(c));
+  fmt::print("\n");
+  for (size_t bytes = 8; bytes <= (size_t{128} << 20); bytes *= 8) {
+    fmt::print("    {:<14}", bytes);
+    for (CollKind c : kColls) {
+      algo::Choice ch = algo::choose(model, c, bytes, nranks, 1);
+      fmt::print(" {:>13}", algo::algo_name(ch.algo));
+    }
+    fmt::print("\n");
+  }
+}
+
+// Creates a 2-rank communicator with CHORUS_TRANSPORT=transport (ranks as two threads, or as
+// this process and a forked child) and returns the model it calibrated.
+Result<algo::CostModel> measure(const char* transport, bool processes) {
+  setenv("CHORUS_TRANSPORT", transport, 1);
+  params::reload_for_testing();
+  ncclUniqueId id;
+  if (ncclGetUniqueId(&id) != ncclSuccess) return internal_error("{}", ncclGetLastError(nullptr));
+  auto init = [&](int rank, ncclComm_t* comm) { return ncclCommInitRank(comm, 2, id, rank); };
+  ncclComm_t comms[2] = {nullptr, nullptr};
+  pid_t child = -1;
+  if (processes) {
+    child = fork();
+    if (child == 0) {
+      ncclComm_t c;
+      _exit(init(1, &c) == ncclSuccess && ncclCommDestroy(c) == ncclSuccess ? 0 : 1);
+    }
+    if (init(0, &comms[0]) != ncclSuccess)
+      return remote_error("{}", ncclGetLastError(nullptr));
+  } else {
+    std::thread peer([&] { init(1, &comms[1]); });
+    ncclResult_t r = init(0, &comms[0]);
+    peer.join();
+    if (r != ncclSuccess || comms[1] == nullptr) return remote_error("{}", ncclGetLastError(nullptr));
+  }
+  CHORUS_ASSIGN_OR_RETURN(std::shared_ptr<Comm> comm, api::find_comm(comms[0]));
+  algo::CostModel model = comm->cost_model();
+  comm.reset();
+  for (ncclComm_t c : comms)
+    if (c != nullptr) ncclCommDestroy(c);
+  if (child > 0) {
+    int status = 0;
+    waitpid(child, &status, 0);
+  }
+  unsetenv("CHORUS_TRANSPORT");
+  params::reload_for_testing();
+  return model;
+}
+
+}  // namespace
+
+void print_tuner() {
+  fmt::print("Tuner (src/algo/tuner.h): predicted time = rounds x alpha + extra messages x "
+             "alpha/4 + wire bytes / beta + reduced bytes / gamma; the cheapest algorithm wins.\n"
+             "  Parameters: measured when each communicator is created (CHORUS_TUNER={}), or "
+             "read from CHORUS_TUNER_FILE='{}'; CHORUS_ALGO='{}' forces algorithms.\n",
+             params::kTuner.get(), params::kTunerFile.get(), params::kAlgo.get());
+  fmt::print("  This host: reduction (float sum) {:.1f} GB/s, memcpy {:.1f} GB/s\n",
+             algo::local_reduce_gbps(), algo::local_copy_gbps());
+  fmt::print("  Algorithms:");
+  for (CollKind c : kColls) {
+    fmt::print(" {}:", coll_name(c));
+    for (algo::Algo a : algo::algorithms_for(c)) fmt::print(" {}", algo::algo_name(a));
+    fmt::print(";");
+  }
+  fmt::print("\n");
+  algo::CostModel defaults;
+  const std::string& path = params::kTunerFile.get();
+  if (!path.empty()) {
+    auto file = algo::read_tuner_file(path);
+    if (!file.ok()) {
+      fmt::print("  {}\n", file.status().message());
+      return;
+    }
+    for (const auto& link : file->links) {
+      algo::CostModel m{link.alpha_us, link.beta_gbps,
+                        file->gamma_gbps > 0 ? file->gamma_gbps : defaults.gamma_gbps,
+                        fmt::format("{} from {}", link.transport, path)};
+      print_choices(m, 2);
+    }
+    return;
+  }
+  print_choices(defaults, 2);
+  print_choices(defaults, 8);
+}
+
+int tune(const char* path) {
+  struct Link {
+    const char* name;
+    const char* transport;
+    bool processes;
+  };
+  const Link links[] = {{"direct", "DIRECT", false}, {"shm", "SHM", true}, {"tcp", "TCP", true}};
+  std::string file = "# chorus tuner file (chorus-info --tune): <transport> <alpha_us> <beta_gbps>\n";
+  double gamma = algo::local_reduce_gbps();
+  for (const Link& link : links) {
+    auto model = measure(link.transport, link.processes);
+    if (!model.ok()) {
+      fmt::print(stderr, "chorus-info: measuring {} failed: {}\n", link.name, model.status().message());
+      return 1;
+    }
+    fmt::print("{:<7} {}\n", link.name, model->to_string());
+    file += fmt::format("{} {:.3f} {:.3f}\n", link.name, model->alpha_us, model->beta_gbps);
+    print_choices(*model, 2);
+  }
+  file += fmt::format("reduce {:.3f}\n", gamma);
+  if (path != nullptr) {
+    std::ofstream out(path);
+    out << file;
+    if (!out) {
+      fmt::print(stderr, "chorus-info: cannot write {}\n", path);
+      return 1;
+    }
+    fmt::print("wrote {} (use it with CHORUS_TUNER_FILE={})\n", path, path);
+  }
+  return 0;
+}
+
+}  // namespace chorus::info
