@@ -134,6 +134,9 @@ Status Comm::setup(const ExchangeFn& exchange) {
     infos.push_back(std::move(info));
   }
   peers_ = infos;
+  int on_host = 0;
+  for (const PeerInfo& info : infos) on_host += info.host_hash == me.host_hash ? 1 : 0;
+  process.note_local_ranks(on_host);
   // The "device": our index among the ranks of our host, unless ncclCommInitAll gave one.
   if (cu_device_ < 0) {
     cu_device_ = 0;

@@ -30,9 +30,13 @@ void Idler::idle(const std::function<bool()>& retry,
     spins_ = 0;
   }
   if (now - idle_since_ns_ < params::kSpinUs.get() * 1000) {
-    for (int i = 0; i < 8; ++i) cpu_relax();
-    // Oversubscribed (more ranks than cores): let the peer we wait for run.
-    if (++spins_ % 32 == 0) sched_yield();
+    // More ranks than cores: the peer we wait for may need this very core, so give it up on
+    // every poll; otherwise spin, yielding now and then.
+    if (ProcessContext::get().oversubscribed() || ++spins_ % 32 == 0) {
+      sched_yield();
+    } else {
+      for (int i = 0; i < 8; ++i) cpu_relax();
+    }
     return;
   }
   fds_.clear();

@@ -2,6 +2,7 @@
 #include "core/process.h"
 
 #include <linux/futex.h>
+#include <sched.h>
 #include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <sys/random.h>
@@ -117,6 +118,11 @@ ProcessContext::ProcessContext() : pid_(getpid()), token_(random_u64()) {
   }
   doorbell_ = new (doorbell_map_.get()) DoorbellWord{};
   wake_fd_.reset(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  cpus_ = sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set)
+                                                       : static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN));
+  if (cpus_ < 1) cpus_ = 1;
 }
 
 ProcessContext& ProcessContext::get() {

@@ -46,6 +46,14 @@ class ProcessContext {
   int wake_fd() const { return wake_fd_.get(); }
   // Rings our own doorbell and, if threads sleep in poll(), the eventfd too.
   void ring_local();
+  // CPUs this process may run on (its affinity mask).
+  int cpus() const { return cpus_; }
+  // Set when a communicator puts more ranks on this host than it has CPUs: waiting threads
+  // then yield the CPU on every poll instead of spinning (the peer they wait for needs it).
+  bool oversubscribed() const { return oversubscribed_.load(std::memory_order_relaxed); }
+  void note_local_ranks(int ranks_on_host) {
+    if (ranks_on_host > cpus_) oversubscribed_.store(true, std::memory_order_relaxed);
+  }
   // Drains the eventfd after a poll() woke on it.
   void drain_wake_fd();
 
@@ -59,6 +67,8 @@ class ProcessContext {
   Mapping doorbell_map_;
   DoorbellWord* doorbell_ = nullptr;
   UniqueFd wake_fd_;
+  int cpus_ = 1;
+  std::atomic<bool> oversubscribed_{false};
 };
 
 // Blocks on a futex word until it differs from `expected`, a wake, or timeout (ms).
