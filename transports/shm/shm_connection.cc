@@ -199,6 +199,7 @@ bool ShmConnection::write_front(SendRequest* req, uint64_t* budget) {
 
 bool ShmConnection::progress_recvs() {
   const uint64_t start = recv_pos_;
+  const uint64_t ref_start = ref_done_;  // a read by reference moves no FIFO position
   bool completed = false;
   uint64_t budget = recv_.fifo_bytes;
   while (!recvs_.empty() && error().ok()) {
@@ -211,7 +212,7 @@ bool ShmConnection::progress_recvs() {
     completed = true;
   }
   if (error().ok()) flush_tail();
-  return completed || recv_pos_ != start;
+  return completed || recv_pos_ != start || ref_done_ != ref_start;
 }
 
 bool ShmConnection::read_front(RecvRequest* req, uint64_t* budget) {
