@@ -26,6 +26,9 @@
 
 namespace chorus {
 
+// Largest farewell text (see Connection::farewell) a transport sends or accepts.
+inline constexpr size_t kMaxFarewellBytes = 2048;
+
 // What the sender was doing when it produced a message; the receiver compares it with what it
 // is doing itself. 24 bytes, sent on the wire.
 struct MsgTag {
@@ -106,6 +109,11 @@ class Connection {
     return -1;
   }
   virtual const char* transport_name() const = 0;
+  // Best effort, before closing because of `why`: tells the peer why this side gives up, so
+  // that its pending receive fails with our reason and code (a mismatch stays ncclInvalidUsage
+  // on both sides) instead of a bare "connection closed". Only possible between messages; the
+  // connection is unusable afterwards.
+  virtual void farewell(const Status& why) { (void)why; }
 
  protected:
   Connection(int peer, int channel) : peer_(peer), channel_(channel) {}

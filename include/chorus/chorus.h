@@ -24,6 +24,17 @@ ncclResult_t chorusGetVersion(int* version);
 /* A static string describing the library build: version, git revision, kernels, transports. */
 const char* chorusBuildInfo(void);
 
+/* The flight recorder of a communicator, as text: its last CHORUS_FLIGHT_RECORDER_OPS
+ * operations, oldest first, each with its id, state (queued, running, done, FAILED), the call
+ * (collective, sequence number, count, datatype, op, root, or the peers of a send/receive
+ * group), bytes, timing, and for a running or failed one the peers it is still waiting for and
+ * why it failed. Chorus also logs it (WARN) when an operation times out or fails and when a
+ * communicator with work in flight is aborted. Works on failed and aborting communicators.
+ * Writes at most `size` bytes including a terminating NUL into `buffer` (which may be NULL when
+ * `size` is 0) and the full length including the NUL into `*needed` (if not NULL). */
+ncclResult_t chorusCommDumpFlightRecorder(ncclComm_t comm, char* buffer, size_t size,
+                                          size_t* needed);
+
 #ifdef __cplusplus
 } /* extern "C" */
 #endif

@@ -114,9 +114,14 @@ Task run_collective(OpContext& ctx, CollCall call) {
   if (fn == nullptr) co_return internal_error("no algorithm for {}", coll_name(call.kind));
   CHORUS_TRACE(kColl, "{}: {} x{} channel(s)", describe_tag(call.tag), algo_name(choice.algo),
                choice.channels);
-  Status status = choice.channels > 1 && !blocked
-                      ? co_await run_on_channels(ctx, fn, a, choice.channels)
-                      : co_await fn(ctx, a);
+  // Not a conditional expression of two co_awaits: GCC 12 destroys the awaited Task before
+  // copying its result out of such an expression (a use after free on every error).
+  Status status;
+  if (choice.channels > 1 && !blocked) {
+    status = co_await run_on_channels(ctx, fn, a, choice.channels);
+  } else {
+    status = co_await fn(ctx, a);
+  }
   CHORUS_CO_RETURN_IF_ERROR(status);
   if (call.op.kind == RedOpKind::kAvg && is_reduction(call.kind) && call.count > 0) {
     bool has_result = call.kind != CollKind::kReduce || ctx.rank() == call.root;

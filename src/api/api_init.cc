@@ -11,6 +11,7 @@
 
 #include "api/api_util.h"
 #include "bootstrap/bootstrap.h"
+#include "bootstrap/root_server.h"
 #include "bootstrap/unique_id.h"
 #include "common/bytes.h"
 #include "common/clock.h"
@@ -77,7 +78,7 @@ Status init_rank(ncclComm_t* out, int nranks, const std::vector<bootstrap::Uniqu
   ncclComm_t handle = register_comm(comm);
   *out = handle;
   Status s = start_setup(comm, handle, [comm, ids, rank, nranks]() -> Status {
-    Deadline deadline = Deadline::after_ms(params::kBootstrapTimeoutMs.get());
+    Deadline deadline = comm->cancellable_deadline(params::kBootstrapTimeoutMs.get());
     return comm->setup([&](const std::string& mine) {
       return ids.size() == 1 ? bootstrap::exchange(ids.front(), rank, nranks, mine, deadline)
                              : bootstrap::exchange_scalable(ids, rank, nranks, mine, deadline);
@@ -105,9 +106,13 @@ uint64_t child_uid(uint64_t parent, uint32_t ordinal, int color) {
 }
 
 // Builds the child comm of a split or shrink over `members` (parent ranks, in new-rank order)
-// and connects it through the parent.
+// and connects it through the parent. The records go round `exchange` (parent ranks, members
+// among them): a split exchanges among all parent ranks, so that every parent rank runs the
+// same internal operations on the parent whatever its colour (NCCL_SPLIT_NOCOLOR included);
+// otherwise the parent's internal sequence numbers part and its next split fails.
 Status make_child(const std::shared_ptr<Comm>& parent, std::vector<int> members,
-                  uint32_t ordinal, int color, const CommConfig& cfg, ncclComm_t* newcomm) {
+                  std::vector<int> exchange, uint32_t ordinal, int color, const CommConfig& cfg,
+                  ncclComm_t* newcomm) {
   int new_rank = static_cast<int>(std::find(members.begin(), members.end(), parent->rank()) -
                                   members.begin());
   uint64_t uid = child_uid(parent->uid(), ordinal, color);
@@ -116,9 +121,48 @@ Status make_child(const std::shared_ptr<Comm>& parent, std::vector<int> members,
   auto comm = std::make_shared<Comm>(identity);
   ncclComm_t handle = register_comm(comm);
   *newcomm = handle;
-  return start_setup(comm, handle, [comm, parent, members]() -> Status {
-    return comm->setup([&](const std::string& mine) {
-      return allgather_records(*parent, members, mine);
+  return start_setup(comm, handle, [comm, parent, members, exchange]() -> Status {
+    return comm->setup([&](const std::string& mine) -> Result<std::vector<std::string>> {
+      CHORUS_ASSIGN_OR_RETURN(std::vector<std::string> records,
+                              allgather_records(*parent, exchange, mine));
+      std::vector<std::string> out;
+      for (int r : members)
+        out.push_back(std::move(records[std::find(exchange.begin(), exchange.end(), r) -
+                                        exchange.begin()]));
+      return out;
+    });
+  });
+}
+
+// The survivors of a shrink cannot count on the parent's connections: a failed comm has
+// closed them, and a peer may have died in the middle of a message. So they meet afresh, at
+// a rendezvous served by the lowest surviving rank on (a duplicate of) the listening socket
+// its parent comm already published, authenticated with a secret derived from the parent's:
+// only members of the parent can join, and the excluded ranks are simply never waited for.
+Status shrink(const std::shared_ptr<Comm>& parent, const std::vector<int>& members,
+              uint32_t ordinal, const CommConfig& cfg, ncclComm_t* newcomm) {
+  const int new_rank = static_cast<int>(
+      std::find(members.begin(), members.end(), parent->rank()) - members.begin());
+  const int nranks = static_cast<int>(members.size());
+  bootstrap::UniqueId id;
+  id.comm_uid = child_uid(parent->uid(), ordinal, -2);
+  id.secret = parent->secret().derive(fmt::format("shrink:{:x}", id.comm_uid));
+  id.root = parent->peer(members.front()).tcp_addr;
+  if (nranks > 1 && new_rank == 0) {
+    CHORUS_ASSIGN_OR_RETURN(UniqueFd listener, parent->dup_listener());
+    CHORUS_RETURN_IF_ERROR(bootstrap::start_root_server(std::move(listener), id,
+                                                        params::kBootstrapTimeoutMs.get()));
+  }
+  CommIdentity identity{new_rank, nranks, id.comm_uid,
+                        id.secret.derive(fmt::format("child:{:x}", id.comm_uid)), cfg};
+  auto comm = std::make_shared<Comm>(identity);
+  ncclComm_t handle = register_comm(comm);
+  *newcomm = handle;
+  return start_setup(comm, handle, [comm, id, new_rank, nranks]() -> Status {
+    Deadline deadline = comm->cancellable_deadline(params::kBootstrapTimeoutMs.get());
+    return comm->setup([&](const std::string& mine) -> Result<std::vector<std::string>> {
+      if (nranks == 1) return std::vector<std::string>{mine};
+      return bootstrap::exchange(id, new_rank, nranks, mine, deadline);
     });
   });
 }
@@ -133,7 +177,8 @@ Status split(const std::shared_ptr<Comm>& parent, int color, int key, const Comm
   for (int r = 0; r < parent->nranks(); ++r) all[r] = r;
   uint32_t ordinal = parent->next_child_ordinal();
   CHORUS_ASSIGN_OR_RETURN(std::vector<std::string> records, allgather_records(*parent, all, w.take()));
-  if (color == NCCL_SPLIT_NOCOLOR) return Status();
+  // A NOCOLOR rank still takes part in the exchange of the children's records (see make_child).
+  if (color == NCCL_SPLIT_NOCOLOR) return allgather_records(*parent, all, std::string()).status();
   std::vector<std::pair<int, int>> group;  // (key, parent rank)
   for (int r = 0; r < parent->nranks(); ++r) {
     ByteReader rd(records[r]);
@@ -145,7 +190,7 @@ Status split(const std::shared_ptr<Comm>& parent, int color, int key, const Comm
   std::sort(group.begin(), group.end());
   std::vector<int> members;
   for (const auto& [k, r] : group) members.push_back(r);
-  return make_child(parent, members, ordinal, color, cfg, newcomm);
+  return make_child(parent, members, all, ordinal, color, cfg, newcomm);
 }
 
 }  // namespace
@@ -258,7 +303,7 @@ ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t* newc
     cfg.cu_device = parent->cu_device();
     return submit_init([parent, color, key, cfg, newcomm]() -> Status {
       return split(parent, color, key, cfg, newcomm);
-    });
+    }, parent.get());
   });
 }
 
@@ -270,6 +315,8 @@ ncclResult_t ncclCommShrink(ncclComm_t comm, int* excludeRanksList, int excludeR
     if (newcomm == nullptr) return invalid_argument("newcomm is NULL");
     *newcomm = nullptr;
     CHORUS_ASSIGN_OR_RETURN(std::shared_ptr<Comm> parent, find_comm(comm));
+    if (parent->state() == Comm::State::kInitializing)
+      return invalid_usage("{} is still initializing", parent->describe());
     if (shrinkFlags != NCCL_SHRINK_DEFAULT && shrinkFlags != NCCL_SHRINK_ABORT)
       return invalid_argument("shrinkFlags {} is not NCCL_SHRINK_DEFAULT or NCCL_SHRINK_ABORT",
                               shrinkFlags);
@@ -292,7 +339,7 @@ ncclResult_t ncclCommShrink(ncclComm_t comm, int* excludeRanksList, int excludeR
     if (shrinkFlags == NCCL_SHRINK_ABORT) parent->request_abort();
     uint32_t ordinal = parent->next_child_ordinal();
     return submit_init([parent, members, ordinal, cfg, newcomm]() -> Status {
-      return make_child(parent, members, ordinal, -2, cfg, newcomm);
+      return shrink(parent, members, ordinal, cfg, newcomm);
     });
   });
 }
@@ -315,6 +362,7 @@ namespace {
 Status destroy(ncclComm_t handle, bool abort) {
   CHORUS_ASSIGN_OR_RETURN(std::shared_ptr<Comm> comm, find_comm(handle));
   unregister_comm(handle);
+  const bool busy = comm->has_pending_ops();
   if (abort) {
     comm->request_abort();
     comm->set_state(Comm::State::kAborted);
@@ -322,6 +370,10 @@ Status destroy(ncclComm_t handle, bool abort) {
   join_init_thread(handle);
   if (comm->state() != Comm::State::kInitializing)
     drive_until([&] { return !comm->has_pending_ops(); }, {comm.get()});
+  if (abort && busy) {
+    CHORUS_WARN(kInit, "{} aborted with operations in flight; {}", comm->describe(),
+                comm->dump_flight_recorder());
+  }
   comm->shutdown();
   return Status();
 }

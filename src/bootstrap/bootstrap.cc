@@ -32,6 +32,10 @@ struct Waiter {
 };
 
 Status waiting_failed(const Waiter& w, Status status, Deadline deadline) {
+  if (deadline.cancelled()) {
+    return remote_error("bootstrap: rank {} stopped waiting for root {} after {} ms: the "
+                        "communicator was aborted", w.rank, w.root, w.elapsed_ms());
+  }
   if (deadline.expired()) {
     return remote_error(
         "bootstrap: rank {}: no answer from root {} after {} ms "

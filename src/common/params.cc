@@ -58,6 +58,12 @@ IntParam kTimeoutMs("TIMEOUT_MS", nullptr, 300000, 1, INT64_MAX,
                     "a collective that makes no progress for this long fails naming the peer");
 IntParam kSpinUs("SPIN_US", nullptr, 50, 0, 1000000,
                  "how long a waiting thread polls before it sleeps");
+IntParam kLivenessMs("LIVENESS_MS", nullptr, 100, 1, 60000,
+                     "how often a waiting rank checks that the processes of its same-host peers "
+                     "are alive (a dead one fails the collective at once, naming it)");
+IntParam kFlightRecorderOps("FLIGHT_RECORDER_OPS", nullptr, 64, 0, 1 << 20,
+                            "operations each communicator remembers for diagnosis (logged on "
+                            "timeout, abort and error; chorusCommDumpFlightRecorder)");
 IntParam kCommBlocking("COMM_BLOCKING", "COMM_BLOCKING", INT_MIN, INT_MIN, 1,
                        "default for ncclConfig_t.blocking (0 or 1; unset: blocking)");
 
@@ -78,7 +84,8 @@ const std::vector<Param*>& all() {
   static const std::vector<Param*> list = {
       &kDebug,        &kDebugSubsys,   &kDebugFile,    &kSocketIfname, &kSocketFamily,
       &kBootstrapTimeoutMs, &kConnectTimeoutMs, &kHostId, &kTransport, &kNumChannels,
-      &kShmFifoBytes, &kShmCmaBytes,   &kTcpBounceBytes, &kTimeoutMs,   &kSpinUs,       &kCommBlocking,
+      &kShmFifoBytes, &kShmCmaBytes,   &kTcpBounceBytes, &kTimeoutMs,   &kSpinUs,       &kLivenessMs,
+      &kFlightRecorderOps, &kCommBlocking,
       &kAlgo,         &kChunkBytes,    &kTuner,        &kTunerFile,   &kKernels,
   };
   return list;

@@ -114,6 +114,8 @@ extern IntParam kTcpBounceBytes;
 // Progress and waiting.
 extern IntParam kTimeoutMs;
 extern IntParam kSpinUs;
+extern IntParam kLivenessMs;
+extern IntParam kFlightRecorderOps;
 extern IntParam kCommBlocking;
 // Algorithms.
 extern StringParam kAlgo;

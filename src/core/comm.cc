@@ -5,6 +5,8 @@
 
 #include <fmt/format.h>
 
+#include <fcntl.h>
+
 #include <algorithm>
 
 #include "algo/algo.h"
@@ -19,7 +21,10 @@
 
 namespace chorus {
 
-Comm::Comm(CommIdentity id) { set_identity(std::move(id)); }
+Comm::Comm(CommIdentity id)
+    : recorder_(static_cast<size_t>(params::kFlightRecorderOps.get())) {
+  set_identity(std::move(id));
+}
 
 void Comm::set_identity(CommIdentity id) {
   id_ = std::move(id);
@@ -64,6 +69,7 @@ void Comm::poison(const Status& why) {
     failed_.store(true, std::memory_order_release);
   }
   CHORUS_WARN(kColl, "{}: {}", describe(), why.message());
+  CHORUS_WARN(kColl, "{}", recorder_.dump(describe()));
   if (state() == State::kReady) state_.store(State::kFailed, std::memory_order_release);
   ProcessContext::get().ring_local();
 }
@@ -102,6 +108,7 @@ Status Comm::enqueue(const std::shared_ptr<Op>& op) {
       c.tag.redop = 0;
     }
   }
+  op->record_id = recorder_.queued(op->describe_detailed(), op->bytes());
   std::lock_guard<std::mutex> lock(queue_mutex_);
   queue_.push_back(op);
   return Status();
@@ -134,19 +141,16 @@ bool Comm::advance() {
     }
     if (moved) {
       op->last_progress_ns = now_ns();
-      idle_passes_ = 0;
       progressed = true;
     } else if (aborting()) {
-      finish_op(*op, remote_error("{} was aborted during {}", describe(), op->describe()));
+      finish_op(*op, remote_error("{} was aborted during {}{}", describe(), op->describe(),
+                                  waiting_summary(*op)));
       progressed = true;
       continue;
-    } else if (++idle_passes_ % 64 == 0) {  // the clock is read only now and then
-      Status status = check_timeout(*op);
-      if (!status.ok()) {
-        finish_op(*op, std::move(status));
-        progressed = true;
-        continue;
-      }
+    } else if (Status status = check_stuck(*op); !status.ok()) {
+      finish_op(*op, std::move(status));
+      progressed = true;
+      continue;
     }
     break;
   }
@@ -170,6 +174,7 @@ Status Comm::start_op(Op& op) {
     }
   }
   op.deps().clear();  // drop references so completed ops are freed
+  recorder_.started(op.record_id);
   op.fibers.emplace(algo::run_op(*this, op));
   return Status();
 }
@@ -177,10 +182,13 @@ Status Comm::start_op(Op& op) {
 void Comm::finish_op(Op& op, Status status) {
   if (!status.ok()) {
     status.with_context(fmt::format("{} on {}", op.describe(), describe()));
+  }
+  recorder_.finished(op.record_id, status);
+  if (!status.ok()) {
     // Transfers of the failed operation may still be posted: drop every connection before the
     // fibers (and the requests in their frames) go away. The comm is unusable from now on.
     poison(status);
-    close_connections();
+    close_connections(status);
   }
   op.fibers.reset();
   // The queue's reference may be the last one: keep the op alive until we are done with it.
@@ -241,20 +249,45 @@ bool Comm::collect_poll_fds(std::vector<pollfd>* fds) const {
   return doorbell;
 }
 
-Status Comm::check_timeout(Op& op) {
-  int64_t timeout_ms = params::kTimeoutMs.get();
-  int64_t idle_ns = now_ns() - op.last_progress_ns;
-  if (idle_ns < timeout_ms * 1000000) return Status();
-  std::string waiting;
-  if (op.fibers) {
-    for (const Request* r : op.fibers->waiting_requests()) {
-      waiting += fmt::format("; waiting for {} to {} ({} of {} bytes done)", peer(r->peer).describe(),
-                             r->is_send ? "take our data" : "send its data",
-                             r->bytes_done.load(std::memory_order_relaxed), r->bytes);
-    }
+Status Comm::check_stuck(Op& op) {
+  const int64_t now = now_ns();
+  if (Status dead = peer_watch_.check(now); !dead.ok()) {
+    return remote_error("rank {}: {}{}", rank(), dead.message(), waiting_summary(op));
   }
-  return remote_error("no progress for {:.1f} s (CHORUS_TIMEOUT_MS={}){}", idle_ns / 1e9,
-                      timeout_ms, waiting);
+  const int64_t timeout_ms = params::kTimeoutMs.get();
+  const int64_t idle_ns = now - op.last_progress_ns;
+  if (idle_ns < timeout_ms * 1000000) return Status();
+  return remote_error("rank {}: no progress for {:.1f} s (CHORUS_TIMEOUT_MS={}){}", rank(),
+                      idle_ns / 1e9, timeout_ms, waiting_summary(op));
+}
+
+std::string Comm::waiting_summary(const Op& op) const {
+  std::string waiting;
+  if (!op.fibers) return waiting;
+  for (const Request* r : op.fibers->waiting_requests()) {
+    waiting += fmt::format("; waiting for {} to {} ({} of {} bytes done)", peer(r->peer).describe(),
+                           r->is_send ? "take our data" : "send its data",
+                           r->bytes_done.load(std::memory_order_relaxed), r->bytes);
+  }
+  return waiting;
+}
+
+std::string Comm::dump_flight_recorder() {
+  // What the running operation still waits for, if no other thread is driving it right now.
+  std::unique_lock<std::mutex> drive(drive_mutex_, std::try_to_lock);
+  if (drive.owns_lock() && current_ != nullptr && current_->fibers) {
+    std::string waiting = waiting_summary(*current_);
+    recorder_.pending(current_->record_id,
+                      waiting.empty() ? std::string() : "pending" + waiting.substr(1));
+  }
+  return recorder_.dump(describe());
+}
+
+Result<UniqueFd> Comm::dup_listener() const {
+  if (!tcp_listener_) return invalid_usage("{} has no listening socket", describe());
+  int fd = ::fcntl(tcp_listener_->fd(), F_DUPFD_CLOEXEC, 0);
+  if (fd < 0) return system_error(errno, "dup of the listening socket");
+  return UniqueFd(fd);
 }
 
 void* Comm::scratch(int slot, size_t bytes) {
@@ -269,10 +302,14 @@ void* Comm::scratch(int slot, size_t bytes) {
   return scratch_[slot].get();
 }
 
-void Comm::close_connections() {
+void Comm::close_connections(const Status& why) {
   active_.clear();
-  for (auto& per_peer : conns_)
-    for (auto& c : per_peer) c.reset();
+  for (auto& per_peer : conns_) {
+    for (auto& c : per_peer) {
+      if (c && !why.ok()) c->farewell(why);
+      c.reset();
+    }
+  }
 }
 
 void Comm::shutdown() {

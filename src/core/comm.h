@@ -19,8 +19,11 @@
 #include "algo/tuner.h"
 #include "bootstrap/auth.h"
 #include "bootstrap/socket.h"
+#include "common/clock.h"
 #include "common/dtype.h"
 #include "common/status.h"
+#include "core/flight_recorder.h"
+#include "core/liveness.h"
 #include "core/op.h"
 #include "transports/transport.h"
 
@@ -115,6 +118,8 @@ class Comm : public std::enable_shared_from_this<Comm> {
   // operations fail with it. Keeps the first reason.
   void poison(const Status& why);
   bool aborting() const { return abort_.load(std::memory_order_acquire); }
+  // A deadline `ms` from now that also expires when the comm is aborted (setup waits).
+  Deadline cancellable_deadline(int64_t ms) const { return Deadline::after_ms(ms, &abort_); }
   // Asks every operation in flight to stop; they fail. Returns at once.
   void request_abort();
 
@@ -152,12 +157,23 @@ class Comm : public std::enable_shared_from_this<Comm> {
   // Closes every connection and frees transport resources (drive lock is taken). Idempotent.
   void shutdown();
 
+  // ---- Diagnosis ----
+  // The flight recorder as text (any thread but one holding the drive lock).
+  std::string dump_flight_recorder();
+  // The parent's TCP listening socket (duplicated), on which the lowest surviving rank serves
+  // the rendezvous of a shrunk communicator; its address is peer(r).tcp_addr.
+  Result<UniqueFd> dup_listener() const;
+
  private:
   Status start_op(Op& op);
   void finish_op(Op& op, Status status);
   bool progress_connections();
-  void close_connections();
-  Status check_timeout(Op& op);
+  // With an error: each peer is told why first (Connection::farewell).
+  void close_connections(const Status& why = Status());
+  // Timeout and dead peers, checked on passes without progress: the error to fail op with.
+  Status check_stuck(Op& op);
+  // "; waiting for rank 2 (host h, pid 7) to send its data (0 of 64 bytes done)" (drive lock).
+  std::string waiting_summary(const Op& op) const;
   Status connect_transports(const std::vector<PeerInfo>& infos);
   TransportKind choose_transport(const PeerInfo& me, const PeerInfo& other) const;
 
@@ -186,9 +202,10 @@ class Comm : public std::enable_shared_from_this<Comm> {
   std::vector<uint32_t> send_seq_, recv_seq_;
   uint32_t child_ordinal_ = 0;
 
+  FlightRecorder recorder_;
+  PeerWatch peer_watch_;             // drive lock: same-host peer processes (set at setup)
   std::vector<Connection*> active_;  // drive lock
   Op* current_ = nullptr;            // drive lock: the queue's head, once seen
-  uint32_t idle_passes_ = 0;         // drive lock: passes without progress (timeout checks)
   struct ChoiceSlot {
     uint64_t generation = 0;  // params::generation() it was computed under; 0: empty
     CollKind coll = CollKind::kAllReduce;

@@ -157,7 +157,7 @@ Status Comm::setup(const ExchangeFn& exchange) {
 
 Status Comm::connect_transports(const std::vector<PeerInfo>& infos) {
   const PeerInfo& me = infos[rank()];
-  Deadline deadline = Deadline::after_ms(params::kConnectTimeoutMs.get());
+  Deadline deadline = Deadline::after_ms(params::kConnectTimeoutMs.get(), &abort_);
   transport_.assign(nranks(), TransportKind::kNone);
   conns_.clear();
   conns_.resize(nranks());
@@ -174,7 +174,10 @@ Status Comm::connect_transports(const std::vector<PeerInfo>& infos) {
     }
     transport_[r] = kind;
     if (kind == TransportKind::kDirect) direct_peers.push_back(r);
-    if (kind == TransportKind::kTcp) tcp_peers.push_back(tcp::TcpPeer{r, infos[r].tcp_addr});
+    if (kind == TransportKind::kTcp) {
+      tcp_peers.push_back(tcp::TcpPeer{
+          r, infos[r].tcp_addr, fmt::format("host {}, pid {}", infos[r].hostname, infos[r].pid)});
+    }
   }
   auto place = [&](const std::vector<int>& ranks,
                    std::vector<std::vector<std::unique_ptr<Connection>>> conns) {
@@ -226,6 +229,7 @@ Status Comm::connect_transports(const std::vector<PeerInfo>& infos) {
   for (int r = 0; r < nranks(); ++r) {
     if (r != rank() && conns_[r].size() != static_cast<size_t>(channels_))
       return internal_error("no connection to {}", infos[r].describe());
+    if (transport_[r] == TransportKind::kShm) peer_watch_.add(r, infos[r].pid, infos[r].describe());
   }
   return Status();
 }

@@ -18,6 +18,28 @@ std::string Op::describe() const {
   return describe_tag(calls_.front().tag);
 }
 
+std::string Op::describe_detailed() const {
+  if (!p2p_batch_) return describe();
+  std::string text = describe() + ":";
+  size_t shown = 0;
+  for (const auto& c : calls_) {
+    if (++shown > 8) {
+      text += fmt::format(" ... ({} more)", calls_.size() - 8);
+      break;
+    }
+    bool send = c.kind == CollKind::kSend;
+    text += fmt::format(" {} {} #{} ({} x {})", send ? "send to" : "receive from",
+                        send ? c.root : c.tag.root, c.tag.seq, c.count, datatype_name(c.dtype));
+  }
+  return text;
+}
+
+size_t Op::bytes() const {
+  size_t total = 0;
+  for (const auto& c : calls_) total += c.count * datatype_size(c.dtype);
+  return total;
+}
+
 bool Op::deps_done() const {
   for (const auto& d : deps_)
     if (!d->done()) return false;

@@ -65,6 +65,10 @@ class Op {
   void run_host_fn() { host_fn_(); }
   // "AllReduce #12 (count 1024, float, sum)" or "group of 3 sends/receives".
   std::string describe() const;
+  // describe() plus the peers of a send/receive group, for the flight recorder.
+  std::string describe_detailed() const;
+  // count x datatype size, summed over the calls (what the flight recorder shows).
+  size_t bytes() const;
 
   // Operations that must complete before this one starts (stream order).
   std::vector<std::shared_ptr<Op>>& deps() { return deps_; }
@@ -83,6 +87,7 @@ class Op {
   std::optional<FiberSet> fibers;
   int64_t last_progress_ns = 0;
   bool started = false;
+  uint64_t record_id = 0;  // its entry in the comm's flight recorder
 
  private:
   Comm* comm_ = nullptr;

@@ -221,6 +221,10 @@ bool ShmConnection::read_front(RecvRequest* req, uint64_t* budget) {
     if (*budget < kFifoAlign || recv_available(kFifoAlign) < kFifoAlign) return false;
     MsgHeader header;
     std::memcpy(&header, recv_.data + recv_pos_ % fifo, sizeof(header));
+    if (header.magic == kMsgMagic && header.index == recv_index_ && (header.flags & kFarewell)) {
+      read_farewell(header, *req);
+      return false;
+    }
     Status status = check_header(header, *req);
     if (!status.ok()) {
       fail_all(std::move(status));
@@ -313,6 +317,14 @@ bool ShmConnection::read_by_reference(RecvRequest* req, uint64_t* budget) {
     ref_done_ += n;
     *budget -= std::min(*budget, n);
     req->bytes_done.store(ref_done_, std::memory_order_relaxed);
+  }
+  // A producer closes with a message by reference unread only when it failed: its buffer may
+  // have been reused while we read it, so the data cannot be trusted.
+  if (recv_.control->producer_closed.load(std::memory_order_acquire) != 0) {
+    fail_all(remote_error("rank {} (pid {}) closed its shared-memory connection (channel {}) "
+                          "while rank {} was reading {} from its memory", peer(), peer_pid_,
+                          channel(), self_rank_, describe_tag(req->tag)));
+    return false;
   }
   // Release: every read of the sender's buffer happens before it learns it may reuse it.
   recv_.control->by_reference_done.store(++ref_finished_, std::memory_order_release);
@@ -437,7 +449,44 @@ bool ShmConnection::check_producer_closed() {
   return true;
 }
 
+void ShmConnection::farewell(const Status& why) {
+  // Only between messages, in one contiguous piece of free ring, before closing.
+  if (closed_ || why.ok() || send_cursor_ != 0) return;
+  const std::string text = why.message().substr(0, kMaxFarewellBytes);
+  const uint64_t fifo = send_.fifo_bytes;
+  const uint64_t total = kFifoAlign + round_up(text.size());
+  const uint64_t off = send_pos_ % fifo;
+  if (fifo - off < total || send_space(total) < total) return;
+  MsgHeader header{};
+  header.magic = kMsgMagic;
+  header.index = send_index_;
+  header.flags = kFarewell;
+  header.bytes = text.size();
+  header.address = static_cast<uint64_t>(why.code());
+  std::memcpy(send_.data + off, &header, sizeof(header));
+  std::memcpy(send_.data + off + kFifoAlign, text.data(), text.size());
+  send_pos_ += total;
+  close();  // publishes it
+}
+
+void ShmConnection::read_farewell(const MsgHeader& header, const RecvRequest& req) {
+  // Published in one piece with its header, before the producer closed.
+  const uint64_t fifo = recv_.fifo_bytes;
+  const uint64_t off = recv_pos_ % fifo;
+  const uint64_t len = std::min<uint64_t>({header.bytes, kMaxFarewellBytes, fifo - off - kFifoAlign});
+  const uint64_t have = recv_available(kFifoAlign + len);
+  std::string text(reinterpret_cast<const char*>(recv_.data + off + kFifoAlign),
+                   have >= kFifoAlign + len ? len : 0);
+  auto code = static_cast<Code>(header.address);
+  if (code != Code::kInvalidUsage && code != Code::kInvalidArgument) code = Code::kRemoteError;
+  fail_all(Status(code, fmt::format("rank {} (pid {}) gave up while rank {} was receiving {} "
+                                    "({} bytes) on shared-memory channel {}: {}", peer(),
+                                    peer_pid_, self_rank_, describe_tag(req.tag), req.bytes,
+                                    channel(), text)));
+}
+
 void ShmConnection::fail_all(Status status) {
+  farewell(status);
   set_error(std::move(status));
   CHORUS_WARN(kShm, "{}", error().message());
   fail_queue(&sends_);

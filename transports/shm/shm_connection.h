@@ -67,6 +67,9 @@ struct MsgHeader {
   uint8_t pad[kFifoAlign - 52];
 };
 inline constexpr uint32_t kByReference = 1;
+// A farewell (Connection::farewell): `bytes` of reason text follow, `address` holds the Status
+// code; the producer has closed after it.
+inline constexpr uint32_t kFarewell = 2;
 static_assert(sizeof(MsgHeader) == kFifoAlign);
 inline constexpr uint32_t kMsgMagic = 0x4d534843;  // "CHSM"
 
@@ -136,6 +139,7 @@ class ShmConnection final : public Connection {
     return sends_.empty() && recvs_.empty() && by_reference_.empty();
   }
   const char* transport_name() const override { return "shm"; }
+  void farewell(const Status& why) override;
 
  private:
   bool progress_sends();
@@ -164,6 +168,8 @@ class ShmConnection final : public Connection {
   bool check_producer_closed();
   // Records the error, fails every pending request and closes both directions.
   void fail_all(Status status);
+  // The peer's farewell (its header is at recv_pos_): fails everything with its reason.
+  void read_farewell(const MsgHeader& header, const RecvRequest& req);
   // Publishes what was written, sets our closed flags and rings the peer. Idempotent.
   void close();
 

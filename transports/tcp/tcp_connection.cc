@@ -11,6 +11,7 @@
 #include <cerrno>
 #include <cstring>
 
+#include "common/clock.h"
 #include "common/log.h"
 #include "transports/tcp/tcp_transport.h"
 
@@ -49,11 +50,13 @@ WireHeader make_header(const SendRequest& req) {
 }  // namespace
 
 TcpConnection::TcpConnection(UniqueFd fd, int my_rank, int peer, int channel,
-                             const net::SockAddr& peer_addr, size_t bounce_bytes)
+                             const net::SockAddr& peer_addr, size_t bounce_bytes,
+                             const std::string& peer_label)
     : Connection(peer, channel),
       fd_(std::move(fd)),
       my_rank_(my_rank),
-      peer_addr_(peer_addr.to_string()),
+      peer_addr_(peer_label.empty() ? peer_addr.to_string()
+                                    : fmt::format("{}, {}", peer_label, peer_addr.to_string())),
       bounce_bytes_(std::max(bounce_bytes, kMinBounceBytes)) {
   net::set_nodelay(fd_.get());
   net::set_buffer_sizes(fd_.get(), kSocketBufferBytes);
@@ -206,6 +209,10 @@ bool TcpConnection::read_header(RecvRequest* req, bool* moved) {
     rx_header_got_ += static_cast<size_t>(n);
     *moved = true;
   }
+  if (rx_header_.magic == kFarewellMagic) {
+    read_farewell(req);
+    return false;
+  }
   if (rx_header_.magic != kWireMagic) {
     fail_all(remote_error(
         "rank {} ({}) sent a corrupt message header (magic {:#010x}) on tcp "
@@ -289,7 +296,49 @@ Status TcpConnection::io_error(int err, const Request* req, const char* doing) c
                       peer_addr_, how, my_rank_, doing, describe_request(req), channel());
 }
 
+void TcpConnection::farewell(const Status& why) {
+  // Only between messages (a partly sent one would swallow it), and only once.
+  if (broken_ || farewell_sent_ || send_off_ != 0 || why.ok()) return;
+  farewell_sent_ = true;
+  std::string text = why.message().substr(0, kMaxFarewellBytes);
+  WireHeader h{};
+  h.magic = kFarewellMagic;
+  h.reserved = static_cast<uint32_t>(why.code());
+  h.bytes = text.size();
+  iovec iov[2] = {{&h, kHeaderBytes}, {text.data(), text.size()}};
+  msghdr msg{};
+  msg.msg_iov = iov;
+  msg.msg_iovlen = 2;
+  [[maybe_unused]] ssize_t n = ::sendmsg(fd_.get(), &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+}
+
+void TcpConnection::read_farewell(const RecvRequest* req) {
+  // The text follows its header at once; wait for it briefly (the peer is closing anyway).
+  const size_t want = std::min<uint64_t>(rx_header_.bytes, kMaxFarewellBytes);
+  std::string text(want, '\0');
+  size_t got = 0;
+  Deadline deadline = Deadline::after_ms(200);
+  while (got < want && !deadline.expired()) {
+    int err = 0;
+    ssize_t n = recv_nb(fd_.get(), text.data() + got, want - got, &err);
+    if (n < 0) break;
+    if (n == 0) {
+      pollfd p{fd_.get(), POLLIN, 0};
+      ::poll(&p, 1, deadline.remaining_ms(200));
+      continue;
+    }
+    got += static_cast<size_t>(n);
+  }
+  text.resize(got);
+  auto code = static_cast<Code>(rx_header_.reserved);
+  if (code != Code::kInvalidUsage && code != Code::kInvalidArgument) code = Code::kRemoteError;
+  fail_all(Status(code, fmt::format("rank {} ({}) gave up while rank {} was receiving {} on tcp "
+                                    "channel {}: {}", peer(), peer_addr_, my_rank_,
+                                    describe_request(req), channel(), text)));
+}
+
 void TcpConnection::fail_all(Status status) {
+  farewell(status);
   if (!broken_) CHORUS_WARN(kNet, "{}", status.message());
   broken_ = true;
   set_error(std::move(status));

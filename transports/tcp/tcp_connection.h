@@ -27,6 +27,9 @@ struct WireHeader {
 };
 static_assert(sizeof(WireHeader) == 40);
 inline constexpr uint32_t kWireMagic = 0x43484d54;  // "CHMT"
+// A farewell: `reserved` holds the Status code, `bytes` the length of the reason text that
+// follows (<= kMaxFarewellBytes); the sender closes after it.
+inline constexpr uint32_t kFarewellMagic = 0x43484657;  // "CHFW"
 
 // A FIFO of request pointers that grows by doubling and never shrinks: after warm-up posting
 // does not allocate.
@@ -66,11 +69,11 @@ class RequestRing {
 // (the progress engine's). Requests complete in posting order per direction.
 class TcpConnection final : public Connection {
  public:
-  // Takes a connected, authenticated, non-blocking socket. `peer_addr` and the ranks name the
-  // peer in error messages; `bounce_bytes` sizes the staging buffer of reducing receives
-  // (allocated on the first one).
+  // Takes a connected, authenticated, non-blocking socket. `peer_addr`, `peer_label` (host
+  // and pid, may be empty) and the ranks name the peer in error messages; `bounce_bytes` sizes
+  // the staging buffer of reducing receives (allocated on the first one).
   TcpConnection(UniqueFd fd, int my_rank, int peer, int channel, const net::SockAddr& peer_addr,
-                size_t bounce_bytes);
+                size_t bounce_bytes, const std::string& peer_label = {});
   ~TcpConnection() override = default;
 
   void post_send(SendRequest* req) override;
@@ -82,6 +85,7 @@ class TcpConnection final : public Connection {
   // error.
   int poll_fd(short* events) const override;
   const char* transport_name() const override { return "tcp"; }
+  void farewell(const Status& why) override;
 
  private:
   static constexpr size_t kMaxBatch = 16;  // send requests gathered into one sendmsg()
@@ -93,6 +97,8 @@ class TcpConnection final : public Connection {
   bool read_header(RecvRequest* req, bool* moved);
   bool read_plain(RecvRequest* req, bool* moved);
   bool read_reduce(RecvRequest* req, bool* moved);
+  // The peer's farewell (rx_header_ has its header): fails everything with its reason.
+  void read_farewell(const RecvRequest* req);
   // True while the peer has not closed; used when sends are stuck on a full socket.
   bool peer_alive();
   // Records why the connection broke (logged once) and fails every pending request.
@@ -106,6 +112,7 @@ class TcpConnection final : public Connection {
   std::string peer_addr_;
   size_t bounce_bytes_;
   bool broken_ = false;
+  bool farewell_sent_ = false;
 
   RequestRing<SendRequest> sends_;
   size_t send_off_ = 0;  // bytes of the front send (header included) already sent

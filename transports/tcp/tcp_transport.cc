@@ -163,7 +163,7 @@ void Connector::poll_once() {
   int64_t now = now_ns();
   bool accepting = incoming_left_ > 0 && now >= accept_paused_until_ns_;
   if (accepting) fds.push_back({setup_.listener->fd(), POLLIN, 0});
-  int64_t wake_ns = std::min<int64_t>(setup_.deadline.at_ns(), now + 1000 * 1000000ll);
+  int64_t wake_ns = std::min<int64_t>(setup_.deadline.wake_ns(), now + 1000 * 1000000ll);
   if (incoming_left_ > 0 && !accepting) wake_ns = std::min(wake_ns, accept_paused_until_ns_);
   for (auto& l : links_) {
     if (l->phase == Link::Phase::kWaitRetry) {
@@ -414,7 +414,7 @@ Status Connector::on_ident(Link& l) {
 void Connector::complete(Link& l) {
   const TcpPeer& p = setup_.peers[l.peer_idx];
   result_[l.peer_idx][l.channel] = std::make_unique<TcpConnection>(
-      std::move(l.fd), setup_.rank, p.rank, l.channel, l.addr, setup_.bounce_bytes);
+      std::move(l.fd), setup_.rank, p.rank, l.channel, l.addr, setup_.bounce_bytes, p.label);
   --remaining_;
   if (!l.outgoing) --incoming_left_;
   l.dead = true;

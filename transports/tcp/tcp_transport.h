@@ -41,6 +41,7 @@ class TcpListener {
 struct TcpPeer {
   int rank = -1;
   net::SockAddr addr;  // its TcpListener::address()
+  std::string label;   // e.g. "host node7, pid 1234": names the peer in errors with its address
 };
 
 struct TcpSetup {

@@ -1,0 +1,45 @@
+// SPDX-License-Identifier: Apache-2.0
+// File: src/core/liveness.h
+// Notices that a peer process on this host has died. A process killed in the middle of a
+// collective leaves its shared-memory FIFOs open and silent: nothing on the wire says it is
+// gone. Each comm keeps a pidfd (pidfd_open, Linux 5.3) per peer process it reaches through
+// shared memory; a pidfd becomes readable when its process exits, so one poll() with a zero
+// timeout tells a waiting rank within CHORUS_LIVENESS_MS that its peer is gone, long before
+// CHORUS_TIMEOUT_MS. (TCP peers need none of this: their kernel closes the sockets.)
+#pragma once
+
+#include <poll.h>
+
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "common/unique_fd.h"
+
+namespace chorus {
+
+class PeerWatch {
+ public:
+  // Watches the process of `rank` (described as `who` in messages). Several ranks may share a
+  // process; it is watched once. Without pidfd support the rank is checked with kill(pid, 0).
+  void add(int rank, int pid, std::string who);
+  bool empty() const { return procs_.empty(); }
+  // At most every CHORUS_LIVENESS_MS (cheap to call on every idle pass): kRemoteError naming
+  // the ranks, host and pid of a process that has exited; OK otherwise.
+  Status check(int64_t now_ns);
+  // Checks now, whatever the interval.
+  Status check_now();
+
+ private:
+  struct Proc {
+    int pid = 0;
+    UniqueFd pidfd;
+    std::vector<int> ranks;
+    std::string who;
+  };
+  std::vector<Proc> procs_;
+  std::vector<pollfd> fds_;
+  int64_t next_ns_ = 0;
+};
+
+}  // namespace chorus

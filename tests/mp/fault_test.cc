@@ -1,0 +1,537 @@
+// SPDX-License-Identifier: Apache-2.0
+// File: tests/mp/fault_test.cc
+// Failures between processes: a rank killed (SIGKILL) in the middle of AllReduce over shared
+// memory and over TCP, a frozen rank (SIGSTOP) until the timeout names it, ncclCommAbort from
+// another thread while a collective is blocked, shrinking to the survivors and going on, and
+// ranks that call mismatched collectives. The ranks are forked children of the test; each one
+// writes a one-line report ("key=value ...") to a pipe, which the test parses.
+#include <catch2/catch.hpp>
+#include <chorus/chorus.h>
+#include <dirent.h>
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <map>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace {
+
+int64_t mono_ms() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+// Thread names and fd targets, to say what leaked when a count grew.
+std::string describe_resources() {
+  std::string out;
+  if (DIR* d = opendir("/proc/self/task")) {
+    while (dirent* e = readdir(d)) {
+      if (e->d_name[0] == '.') continue;
+      char name[64] = {};
+      if (FILE* f = fopen(fmt::format("/proc/self/task/{}/comm", e->d_name).c_str(), "r")) {
+        if (fgets(name, sizeof(name), f) == nullptr) name[0] = 0;
+        fclose(f);
+      }
+      name[strcspn(name, "\n")] = 0;
+      out += fmt::format("thread:{} ", name);
+    }
+    closedir(d);
+  }
+  if (DIR* d = opendir("/proc/self/fd")) {
+    while (dirent* e = readdir(d)) {
+      if (e->d_name[0] == '.') continue;
+      char target[256] = {};
+      ssize_t n = readlink(fmt::format("/proc/self/fd/{}", e->d_name).c_str(), target, sizeof(target) - 1);
+      if (n > 0) out += fmt::format("fd{}:{} ", e->d_name, target);
+    }
+    closedir(d);
+  }
+  return out;
+}
+
+int count_entries(const char* dir) {
+  int n = 0;
+  if (DIR* d = opendir(dir)) {
+    while (dirent* e = readdir(d)) n += e->d_name[0] != '.' ? 1 : 0;
+    closedir(d);
+  }
+  return n;
+}
+
+// ---- Ranks as forked children ---------------------------------------------------------------
+
+struct Child {
+  pid_t pid = -1;
+  int report_fd = -1;  // the child's report (read end)
+  int ready_fd = -1;   // one byte when the child is ready to be hit (read end)
+  std::string report;
+  int status = 0;
+};
+
+// What a child sees: its rank, and where to say it is ready.
+struct ChildEnv {
+  int rank = 0;
+  int ready_fd = -1;
+  void ready() const {
+    char c = 1;
+    [[maybe_unused]] ssize_t n = write(ready_fd, &c, 1);
+  }
+};
+
+using Body = std::function<std::string(const ChildEnv&)>;
+
+// Forks `nranks` children running body(rank) with `env` set; the report is what body returns.
+std::vector<Child> spawn(int nranks, const std::vector<std::string>& env, const Body& body) {
+  std::vector<Child> children(nranks);
+  for (int r = 0; r < nranks; ++r) {
+    int report[2], ready[2];
+    REQUIRE(pipe2(report, O_CLOEXEC) == 0);
+    REQUIRE(pipe2(ready, O_CLOEXEC) == 0);
+    fflush(nullptr);
+    pid_t pid = fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+      close(report[0]);
+      close(ready[0]);
+      for (const std::string& kv : env) putenv(strdup(kv.c_str()));
+      ncclResetDebugInit();  // parameters are read again, with this environment
+      std::string out = body(ChildEnv{r, ready[1]}) + "\n";
+      [[maybe_unused]] ssize_t n = write(report[1], out.data(), out.size());
+      _exit(0);
+    }
+    close(report[1]);
+    close(ready[1]);
+    children[r].pid = pid;
+    children[r].report_fd = report[0];
+    children[r].ready_fd = ready[0];
+  }
+  return children;
+}
+
+bool wait_ready(const Child& c, int timeout_ms) {
+  pollfd p{c.ready_fd, POLLIN, 0};
+  if (poll(&p, 1, timeout_ms) != 1) return false;
+  char b;
+  return read(c.ready_fd, &b, 1) == 1;
+}
+
+// Reads every report (bounded by timeout_ms overall), then reaps the children (killing any
+// that is still there, so a hang fails the test instead of hanging it).
+void collect(std::vector<Child>* children, int timeout_ms) {
+  int64_t end = mono_ms() + timeout_ms;
+  for (Child& c : *children) {
+    char buf[4096];
+    for (;;) {
+      pollfd p{c.report_fd, POLLIN, 0};
+      int left = static_cast<int>(std::max<int64_t>(0, end - mono_ms()));
+      if (poll(&p, 1, left) != 1) break;
+      ssize_t n = read(c.report_fd, buf, sizeof(buf));
+      if (n <= 0) break;
+      c.report.append(buf, static_cast<size_t>(n));
+    }
+    close(c.report_fd);
+    close(c.ready_fd);
+    // The pipe closes while the child exits: give it a moment to become reapable.
+    int64_t reap_end = std::max(end, mono_ms() + 5000);
+    while (waitpid(c.pid, &c.status, WNOHANG) == 0 && mono_ms() < reap_end)
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    if (kill(c.pid, 0) == 0 && waitpid(c.pid, &c.status, WNOHANG) == 0) {
+      kill(c.pid, SIGKILL);
+      waitpid(c.pid, &c.status, 0);
+      c.report += " (killed by the test: it did not finish in time)";
+    }
+  }
+}
+
+// "key=value key=value msg=rest of line" -> map (msg takes the rest of the line).
+std::map<std::string, std::string> parse(const std::string& report) {
+  std::map<std::string, std::string> out;
+  std::string line = report.substr(0, report.find('\n'));
+  size_t msg = line.find(" msg=");
+  if (msg != std::string::npos) {
+    out["msg"] = line.substr(msg + 5);
+    line.resize(msg);
+  }
+  std::istringstream in(line);
+  std::string token;
+  while (in >> token) {
+    size_t eq = token.find('=');
+    if (eq != std::string::npos) out[token.substr(0, eq)] = token.substr(eq + 1);
+  }
+  return out;
+}
+
+std::string last_error() {
+  std::string e = ncclGetLastError(nullptr);
+  for (char& c : e)
+    if (c == '\n') c = ' ';
+  return e;
+}
+
+// ---- Shared scenario pieces ------------------------------------------------------------------
+
+constexpr size_t kCount = 1 << 20;  // 4 MiB of floats: a collective takes a few milliseconds
+
+// Fills `buf` with rank+1 and checks that an AllReduce over `members` (their values) summed.
+bool check_sum(const std::vector<float>& buf, float expected) {
+  for (float v : buf)
+    if (v != expected) return false;
+  return true;
+}
+
+// Runs AllReduce bursts (4 on a host stream, then synchronize) until one fails; tells the test
+// it is ready after a few. Returns the failing result and when it was seen.
+struct Outcome {
+  ncclResult_t result = ncclSuccess;
+  int64_t at_ms = 0;
+  int iterations = 0;
+  std::string error;
+};
+
+Outcome allreduce_until_failure(ncclComm_t comm, const ChildEnv& env, int max_iters) {
+  Outcome o;
+  cudaStream_t stream = nullptr;
+  if (chorusStreamCreate(&stream) != ncclSuccess) return Outcome{ncclInternalError, 0, 0, "stream"};
+  std::vector<float> buf(kCount, 1.0f);
+  for (o.iterations = 0; o.iterations < max_iters; o.iterations += 4) {
+    if (o.iterations == 8) env.ready();
+    ncclResult_t r = ncclSuccess;
+    for (int k = 0; k < 4 && r == ncclSuccess; ++k)
+      r = ncclAllReduce(buf.data(), buf.data(), kCount, ncclFloat, ncclMax, comm, stream);
+    if (r == ncclSuccess) r = chorusStreamSynchronize(stream);
+    if (r != ncclSuccess) {
+      o.result = r;
+      o.at_ms = mono_ms();
+      o.error = last_error();
+      break;
+    }
+  }
+  chorusStreamDestroy(stream);
+  return o;
+}
+
+// After a failure: shrink away `dead` and run checked AllReduces on the survivors.
+std::string shrink_and_go_on(ncclComm_t comm, int rank, int nranks, int dead) {
+  ncclComm_t small = nullptr;
+  int excluded[1] = {dead};
+  ncclResult_t r = ncclCommShrink(comm, excluded, 1, &small, nullptr, NCCL_SHRINK_ABORT);
+  if (r != ncclSuccess) return fmt::format("shrink=failed({}) shrinkmsg={}", static_cast<int>(r),
+                                           last_error());
+  int count = 0, me = -1;
+  ncclCommCount(small, &count);
+  ncclCommUserRank(small, &me);
+  float expected = 0;
+  for (int p = 0; p < nranks; ++p) expected += p == dead ? 0.0f : static_cast<float>(p + 1);
+  bool good = count == nranks - 1 && me == (rank < dead ? rank : rank - 1);
+  for (int it = 0; it < 20 && good; ++it) {
+    std::vector<float> buf(kCount / 4 + it, static_cast<float>(rank + 1));
+    r = ncclAllReduce(buf.data(), buf.data(), buf.size(), ncclFloat, ncclSum, small, nullptr);
+    good = r == ncclSuccess && check_sum(buf, expected);
+  }
+  ncclCommDestroy(small);
+  return fmt::format("shrink=ok newsize={} newrank={} check={}", count, me, good ? "ok" : "bad");
+}
+
+ncclComm_t init(const ncclUniqueId& id, int nranks, int rank) {
+  ncclComm_t comm = nullptr;
+  if (ncclCommInitRank(&comm, nranks, id, rank) != ncclSuccess) return nullptr;
+  return comm;
+}
+
+// ---- Scenarios -------------------------------------------------------------------------------
+
+// 4 ranks AllReduce in a loop; `victim` is killed in the middle; the others must fail fast
+// with ncclRemoteError, then shrink and go on.
+void kill_during_allreduce(const char* transport) {
+  const int nranks = 4, victim = 2;
+  ncclUniqueId id;
+  REQUIRE(ncclGetUniqueId(&id) == ncclSuccess);
+  auto children = spawn(
+      nranks,
+      {fmt::format("CHORUS_TRANSPORT={}", transport), "CHORUS_TIMEOUT_MS=60000"},
+      [&](const ChildEnv& env) -> std::string {
+        ncclComm_t comm = init(id, nranks, env.rank);
+        if (comm == nullptr) return "init=failed msg=" + last_error();
+        Outcome o = allreduce_until_failure(comm, env, 1 << 30);
+        ncclResult_t async = ncclSuccess;
+        ncclCommGetAsyncError(comm, &async);
+        std::string report = fmt::format("result={} async={} at_ms={} iters={}",
+                                         static_cast<int>(o.result), static_cast<int>(async),
+                                         o.at_ms, o.iterations);
+        report += " " + shrink_and_go_on(comm, env.rank, nranks, victim);
+        ncclCommDestroy(comm);
+        return report + " msg=" + o.error;
+      });
+  REQUIRE(wait_ready(children[victim], 60000));
+  std::this_thread::sleep_for(std::chrono::milliseconds(30));
+  int64_t killed_ms = mono_ms();
+  kill(children[victim].pid, SIGKILL);
+  collect(&children, 120000);
+  int64_t worst = 0;
+  for (int r = 0; r < nranks; ++r) {
+    if (r == victim) continue;
+    INFO("rank " << r << ": " << children[r].report);
+    auto kv = parse(children[r].report);
+    REQUIRE(kv.count("result"));
+    CHECK(kv["result"] == std::to_string(ncclRemoteError));
+    CHECK(kv["async"] == std::to_string(ncclRemoteError));
+    CHECK(kv["shrink"] == "ok");
+    CHECK(kv["newsize"] == "3");
+    CHECK(kv["check"] == "ok");
+    CHECK(kv["msg"].find("rank ") != std::string::npos);
+    int64_t delay = std::stoll(kv["at_ms"]) - killed_ms;
+    worst = std::max(worst, delay);
+    CHECK(delay < 5000);  // noticed well before CHORUS_TIMEOUT_MS (60 s)
+    CHECK(WIFEXITED(children[r].status));
+  }
+  // The neighbours of the dead rank name it.
+  bool named = false;
+  for (int r = 0; r < nranks; ++r)
+    if (r != victim)
+      named |= parse(children[r].report)["msg"].find(fmt::format("pid {}", children[victim].pid)) !=
+               std::string::npos;
+  CHECK(named);
+  fmt::print("fault: SIGKILL of rank {} of {} during AllReduce over {}: every survivor failed "
+             "within {} ms, then shrank to 3 ranks and went on\n",
+             victim, nranks, transport, worst);
+}
+
+}  // namespace
+
+TEST_CASE("SIGKILL during AllReduce over shared memory: survivors fail fast, shrink, go on",
+          "[mp][fault][shm]") {
+  kill_during_allreduce("SHM");
+}
+
+TEST_CASE("SIGKILL during AllReduce over TCP: survivors fail fast, shrink, go on",
+          "[mp][fault][tcp]") {
+  kill_during_allreduce("TCP");
+}
+
+TEST_CASE("a frozen peer (SIGSTOP) fails the others at the timeout, naming it", "[mp][fault]") {
+  const int nranks = 3, victim = 1;
+  const int timeout_ms = 1500;
+  ncclUniqueId id;
+  REQUIRE(ncclGetUniqueId(&id) == ncclSuccess);
+  auto children = spawn(nranks, {"CHORUS_TRANSPORT=SHM", fmt::format("CHORUS_TIMEOUT_MS={}", timeout_ms)},
+                        [&](const ChildEnv& env) -> std::string {
+                          ncclComm_t comm = init(id, nranks, env.rank);
+                          if (comm == nullptr) return "init=failed msg=" + last_error();
+                          Outcome o = allreduce_until_failure(comm, env, 1 << 30);
+                          char recorder[8192];
+                          chorusCommDumpFlightRecorder(comm, recorder, sizeof(recorder), nullptr);
+                          bool recorded = std::strstr(recorder, "FAILED AllReduce #") != nullptr;
+                          ncclCommAbort(comm);
+                          return fmt::format("result={} at_ms={} recorder={} msg={}",
+                                             static_cast<int>(o.result), o.at_ms,
+                                             recorded ? "ok" : "missing", o.error);
+                        });
+  REQUIRE(wait_ready(children[victim], 60000));
+  std::this_thread::sleep_for(std::chrono::milliseconds(30));
+  int64_t stopped_ms = mono_ms();
+  kill(children[victim].pid, SIGSTOP);
+  // Survivors report; then the frozen rank is killed (collect would kill it anyway).
+  std::vector<Child> survivors, frozen;
+  for (int r = 0; r < nranks; ++r) (r == victim ? frozen : survivors).push_back(children[r]);
+  collect(&survivors, 60000);
+  kill(frozen[0].pid, SIGKILL);
+  collect(&frozen, 10000);
+  bool named = false;
+  for (const Child& c : survivors) {
+    INFO(c.report);
+    auto kv = parse(c.report);
+    REQUIRE(kv.count("result"));
+    CHECK(kv["result"] == std::to_string(ncclRemoteError));
+    CHECK(kv["recorder"] == "ok");
+    int64_t delay = std::stoll(kv["at_ms"]) - stopped_ms;
+    CHECK(delay >= timeout_ms - 100);  // not before the timeout: the peer is alive, only frozen
+    CHECK(delay < timeout_ms + 5000);
+    const std::string& msg = kv["msg"];
+    if (msg.find("no progress") != std::string::npos) {
+      // "AllReduce #12 (...) on comm ... : rank 2: no progress for 1.5 s (...); waiting for
+      //  rank 1 (host h, pid P) to send its data (X of Y bytes done)"
+      CHECK(msg.find("AllReduce #") != std::string::npos);
+      CHECK(msg.find("bytes done") != std::string::npos);
+      named |= msg.find(fmt::format("rank {} (host ", victim)) != std::string::npos &&
+               msg.find(fmt::format("pid {}", children[victim].pid)) != std::string::npos;
+    }
+  }
+  CHECK(named);
+}
+
+TEST_CASE("ncclCommAbort from another thread ends a blocked collective and frees everything",
+          "[mp][fault]") {
+  const int nranks = 2;
+  ncclUniqueId id;
+  REQUIRE(ncclGetUniqueId(&id) == ncclSuccess);
+  auto children = spawn(nranks, {"CHORUS_TRANSPORT=SHM"}, [&](const ChildEnv& env) -> std::string {
+    // Process-wide resources (progress thread, doorbell) come with the first comm; count ours
+    // after a warm-up comm of one rank.
+    ncclComm_t warm = nullptr;
+    ncclCommInitAll(&warm, 1, nullptr);
+    ncclCommDestroy(warm);
+    // The warm-up's bootstrap root thread exits on its own once it has served.
+    for (int i = 0; i < 400 && count_entries("/proc/self/task") > 1; ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    int fds_before = count_entries("/proc/self/fd");
+    int threads_before = count_entries("/proc/self/task");
+    ncclComm_t comm = init(id, nranks, env.rank);
+    if (comm == nullptr) return "init=failed msg=" + last_error();
+    if (env.rank == 1) {  // never joins the collective; waits until its peer is done
+      env.ready();
+      std::this_thread::sleep_for(std::chrono::seconds(3));
+      ncclCommAbort(comm);
+      return "idle=ok";
+    }
+    std::vector<float> buf(1024, 1.0f);
+    std::atomic<int64_t> returned_ms{0};
+    ncclResult_t blocked_result = ncclSuccess;
+    std::thread blocked([&] {
+      blocked_result = ncclAllReduce(buf.data(), buf.data(), buf.size(), ncclFloat, ncclSum, comm,
+                                     nullptr);
+      returned_ms = mono_ms();
+    });
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    int64_t start = mono_ms();
+    ncclResult_t abort_result = ncclCommAbort(comm);
+    int64_t abort_ms = mono_ms() - start;
+    blocked.join();
+    int fds_after = count_entries("/proc/self/fd");
+    int threads_after = count_entries("/proc/self/task");
+    return fmt::format("abort={} abort_ms={} blocked={} blocked_ms={} fds={}/{} threads={}/{} "
+                       "msg={}", static_cast<int>(abort_result), abort_ms,
+                       static_cast<int>(blocked_result), returned_ms.load() - start, fds_before,
+                       fds_after, threads_before, threads_after,
+                       fds_before == fds_after && threads_before == threads_after
+                           ? std::string()
+                           : "now: " + describe_resources());
+  });
+  collect(&children, 60000);
+  INFO(children[0].report);
+  auto kv = parse(children[0].report);
+  REQUIRE(kv.count("abort"));
+  CHECK(kv["abort"] == std::to_string(ncclSuccess));
+  CHECK(kv["blocked"] != std::to_string(ncclSuccess));
+  CHECK(std::stoll(kv["abort_ms"]) < 1000);
+  CHECK(std::stoll(kv["blocked_ms"]) < 1000);
+  auto same = [](const std::string& pair) {
+    return pair.substr(0, pair.find('/')) == pair.substr(pair.find('/') + 1);
+  };
+  CHECK(same(kv["fds"]));
+  CHECK(same(kv["threads"]));
+  CHECK(parse(children[1].report)["idle"] == "ok");
+  fmt::print("fault: ncclCommAbort returned in {} ms; the blocked AllReduce returned after {} ms\n",
+             kv["abort_ms"], kv["blocked_ms"]);
+}
+
+TEST_CASE("mismatched collectives fail with ncclInvalidUsage naming both calls", "[mp][fault]") {
+  for (const char* transport : {"SHM", "TCP"}) {
+    const int nranks = 2;
+    ncclUniqueId id;
+    REQUIRE(ncclGetUniqueId(&id) == ncclSuccess);
+    auto children = spawn(nranks, {fmt::format("CHORUS_TRANSPORT={}", transport)},
+                          [&](const ChildEnv& env) -> std::string {
+                            ncclComm_t comm = init(id, nranks, env.rank);
+                            if (comm == nullptr) return "init=failed msg=" + last_error();
+                            std::vector<float> buf(2048, 1.0f);
+                            ncclResult_t r =
+                                env.rank == 0
+                                    ? ncclAllReduce(buf.data(), buf.data(), 1024, ncclFloat,
+                                                    ncclSum, comm, nullptr)
+                                    : ncclAllGather(buf.data(), buf.data(), 1024, ncclFloat, comm,
+                                                    nullptr);
+                            std::string msg = last_error();
+                            ncclCommAbort(comm);
+                            return fmt::format("result={} msg={}", static_cast<int>(r), msg);
+                          });
+    collect(&children, 60000);
+    for (const Child& c : children) {
+      INFO(transport << ": " << c.report);
+      auto kv = parse(c.report);
+      REQUIRE(kv.count("result"));
+      CHECK(kv["result"] == std::to_string(ncclInvalidUsage));
+      // "rank 1 sent AllGather #0 (count 1024, float) ... but rank 0 expects AllReduce #0 ..."
+      CHECK(kv["msg"].find("AllReduce #0") != std::string::npos);
+      CHECK(kv["msg"].find("AllGather #0") != std::string::npos);
+      CHECK(kv["msg"].find("rank 0") != std::string::npos);
+      CHECK(kv["msg"].find("rank 1") != std::string::npos);
+    }
+  }
+}
+
+TEST_CASE("different counts or datatypes at the same sequence number are caught",
+          "[mp][fault]") {
+  const int nranks = 3;
+  ncclUniqueId id;
+  REQUIRE(ncclGetUniqueId(&id) == ncclSuccess);
+  auto children = spawn(nranks, {"CHORUS_TRANSPORT=SHM", "CHORUS_TIMEOUT_MS=30000"},
+                        [&](const ChildEnv& env) -> std::string {
+                          ncclComm_t comm = init(id, nranks, env.rank);
+                          if (comm == nullptr) return "init=failed msg=" + last_error();
+                          std::vector<int32_t> buf(4096, 1);
+                          // Call 0 agrees; call 1: rank 2 passes int32 where the others say
+                          // float; each is otherwise a valid call.
+                          ncclResult_t r = ncclAllReduce(buf.data(), buf.data(), 100, ncclInt32,
+                                                         ncclSum, comm, nullptr);
+                          if (r == ncclSuccess) {
+                            r = ncclAllReduce(buf.data(), buf.data(), 1000,
+                                              env.rank == 2 ? ncclInt32 : ncclFloat, ncclSum, comm,
+                                              nullptr);
+                          }
+                          std::string msg = last_error();
+                          ncclCommAbort(comm);
+                          return fmt::format("result={} msg={}", static_cast<int>(r), msg);
+                        });
+  int64_t start = mono_ms();
+  collect(&children, 60000);
+  CHECK(mono_ms() - start < 20000);  // errors, not the 30 s timeout
+  int invalid = 0;
+  for (const Child& c : children) {
+    INFO(c.report);
+    auto kv = parse(c.report);
+    REQUIRE(kv.count("result"));
+    CHECK(kv["result"] != std::to_string(ncclSuccess));
+    if (kv["result"] == std::to_string(ncclInvalidUsage)) {
+      ++invalid;
+      CHECK(kv["msg"].find("int32") != std::string::npos);
+      CHECK(kv["msg"].find("float") != std::string::npos);
+      CHECK(kv["msg"].find("rank 2") != std::string::npos);
+    }
+  }
+  CHECK(invalid >= 1);  // the ranks that receive from rank 2 see the mismatch itself
+}
+
+TEST_CASE("ncclCommAbort stops a non-blocking initialisation waiting for a missing rank",
+          "[mp][fault]") {
+  ncclUniqueId id;
+  REQUIRE(ncclGetUniqueId(&id) == ncclSuccess);
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;
+  ncclComm_t comm = nullptr;
+  // Rank 1 never comes: the bootstrap would wait CHORUS_BOOTSTRAP_TIMEOUT_MS (120 s).
+  REQUIRE(ncclCommInitRankConfig(&comm, 2, id, 0, &config) == ncclInProgress);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  ncclResult_t async = ncclSuccess;
+  REQUIRE(ncclCommGetAsyncError(comm, &async) == ncclSuccess);
+  CHECK(async == ncclInProgress);
+  int64_t start = mono_ms();
+  CHECK(ncclCommAbort(comm) == ncclSuccess);
+  int64_t took = mono_ms() - start;
+  CHECK(took < 1000);
+  fmt::print("fault: ncclCommAbort of an initialising communicator returned in {} ms\n", took);
+}
