@@ -17,10 +17,15 @@ struct PendingCall {
   Stream* stream;
 };
 
+struct InitJob {
+  std::function<Status()> run;
+  const void* order_key;  // see submit_init
+};
+
 struct ThreadGroup {
   int depth = 0;
   std::vector<PendingCall> calls;
-  std::vector<std::function<Status()>> inits;
+  std::vector<InitJob> inits;
   Status first_error;  // a call of the group failed: the group is not launched
 };
 
@@ -28,12 +33,37 @@ thread_local ThreadGroup t_group;
 
 bool is_p2p(CollKind kind) { return kind == CollKind::kSend || kind == CollKind::kRecv; }
 
-Status run_inits(std::vector<std::function<Status()>> jobs) {
-  if (jobs.size() == 1) return jobs.front()();
-  std::vector<Status> results(jobs.size());
+// Initialisations run concurrently (one thread may initialise several ranks of one comm, which
+// wait for each other), except that jobs with the same order key (splits of one parent) run
+// one after another in call order: run together, their exchanges on the parent would be
+// queued in a different order on different ranks and pair up the wrong splits.
+Status run_inits(std::vector<InitJob> jobs) {
+  std::vector<std::vector<std::function<Status()>>> chains;
+  std::vector<const void*> keys;
+  for (auto& job : jobs) {
+    size_t i = job.order_key == nullptr
+                   ? keys.size()
+                   : static_cast<size_t>(std::find(keys.begin(), keys.end(), job.order_key) -
+                                         keys.begin());
+    if (i == keys.size()) {
+      keys.push_back(job.order_key);
+      chains.emplace_back();
+    }
+    chains[i].push_back(std::move(job.run));
+  }
+  auto run_chain = [](std::vector<std::function<Status()>>& chain) {
+    Status first;
+    for (auto& job : chain) {
+      Status s = job();
+      if (!s.ok() && first.ok()) first = std::move(s);
+    }
+    return first;
+  };
+  if (chains.size() == 1) return run_chain(chains.front());
+  std::vector<Status> results(chains.size());
   std::vector<std::thread> threads;
-  for (size_t i = 0; i < jobs.size(); ++i)
-    threads.emplace_back([&, i] { results[i] = jobs[i](); });
+  for (size_t i = 0; i < chains.size(); ++i)
+    threads.emplace_back([&, i] { results[i] = run_chain(chains[i]); });
   for (auto& t : threads) t.join();
   for (auto& s : results)
     if (!s.ok()) return s;
@@ -189,9 +219,9 @@ void group_fail(const Status& status) {
   if (t_group.depth > 0 && t_group.first_error.ok()) t_group.first_error = status;
 }
 
-Status submit_init(std::function<Status()> job) {
+Status submit_init(std::function<Status()> job, const void* order_key) {
   if (t_group.depth > 0) {
-    t_group.inits.push_back(std::move(job));
+    t_group.inits.push_back(InitJob{std::move(job), order_key});
     return Status();
   }
   return job();

@@ -29,8 +29,10 @@ Status submit_call(const std::shared_ptr<Comm>& comm, const CollCall& call, Stre
 // Records that a call inside the current group failed: the group will not be launched and
 // ncclGroupEnd reports the error. No-op outside a group.
 void group_fail(const Status& status);
-// Communicator initialisation work: deferred to the group's end, or run now.
-Status submit_init(std::function<Status()> job);
+// Communicator initialisation work: deferred to the group's end, or run now. At the group's
+// end the jobs run concurrently, except those with the same non-null order_key (the parent of
+// a split), which run one after another in call order.
+Status submit_init(std::function<Status()> job, const void* order_key = nullptr);
 
 // Queues ops built outside a group (internal operations) and waits for them.
 Status run_and_wait(const std::vector<std::shared_ptr<Op>>& ops, const std::vector<Comm*>& comms);
