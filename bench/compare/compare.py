@@ -318,7 +318,7 @@ def job_cmd(job, tools, args, raw_dir, tag):
         extra = [a for kv in args.chorus_env for a in ("-x", kv)]
         cmd = [tools["chorus_run"], "-n", str(job["nranks"]), "--timeout", str(int(timeout)),
                "-x", "CHORUS_TRANSPORT=" + job["transport"].upper()] + extra + [
-               tools["perf"][c]] + common + ["-c", check, "-J", jpath]
+               tools["perf"][c]] + common + ["-z", "1", "-c", check, "-J", jpath]
     elif job["lib"] == "ompi":
         btl = (["--mca", "btl", "self,vader"] if job["transport"] == "shm" else
                ["--mca", "btl", "self,tcp", "--mca", "btl_tcp_if_include", args.tcp_if])
