@@ -122,10 +122,12 @@ int thread_rank() { return t_rank; }
 void write(Level level, Subsys subsys, std::string_view message) {
   static constexpr const char* kLevelNames[] = {"NONE", "VERSION", "WARN", "INFO", "TRACE"};
   if (t_tid == 0) t_tid = static_cast<long>(syscall(SYS_gettid));
+  // g_hostname is (re)written by init_locked() under g_mutex, possibly on another thread after
+  // this one saw the level set (a relaxed load): read it under the mutex too.
+  std::lock_guard<std::mutex> lock(g_mutex);
   std::string line = fmt::format("{}:{}:{} [{}] CHORUS {} {} {}\n", g_hostname, getpid(), t_tid,
                                  t_rank, kLevelNames[static_cast<int>(level)],
                                  subsys_name(subsys), message);
-  std::lock_guard<std::mutex> lock(g_mutex);
   std::fwrite(line.data(), 1, line.size(), g_file ? g_file : stderr);
 }
 
