@@ -31,8 +31,9 @@ constexpr CallSpec kScatter{CollKind::kScatter, false, true, kN, 1, true, false}
 constexpr CallSpec kSend{CollKind::kSend, false, true, 1, 0, false, false};
 constexpr CallSpec kRecv{CollKind::kRecv, false, true, 0, 1, false, false};
 
+// datatype and op: the caller's ncclDataType_t and ncclRedOp_t as ints (enum_bits).
 Status validate_and_submit(const CallSpec& spec, const void* sendbuff, void* recvbuff,
-                           size_t count, ncclDataType_t datatype, ncclRedOp_t op, int root,
+                           size_t count, int datatype, int op, int root,
                            const std::shared_ptr<Comm>& comm, cudaStream_t stream) {
   if (comm->state() == Comm::State::kRevoked)
     return invalid_usage("{} was revoked; only destroy, split and shrink are allowed",
@@ -72,7 +73,7 @@ Status validate_and_submit(const CallSpec& spec, const void* sendbuff, void* rec
 }
 
 ncclResult_t coll(const char* name, const CallSpec& spec, const void* sendbuff, void* recvbuff,
-                  size_t count, ncclDataType_t datatype, ncclRedOp_t op, int root,
+                  size_t count, int datatype, int op, int root,
                   ncclComm_t comm, cudaStream_t stream) {
   return guard(name, [&]() -> Status {
     auto c = usable_comm(comm);
@@ -98,8 +99,8 @@ CHORUS_NCCL_API(ncclResult_t, ncclAllReduce, const void* sendbuff, void* recvbuf
 ncclResult_t ncclAllReduce(const void* sendbuff, void* recvbuff, size_t count,
                            ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm,
                            cudaStream_t stream) {
-  return coll("ncclAllReduce", kAllReduce, sendbuff, recvbuff, count, datatype, op, -1, comm,
-              stream);
+  return coll("ncclAllReduce", kAllReduce, sendbuff, recvbuff, count, enum_bits(datatype),
+              enum_bits(op), -1, comm, stream);
 }
 
 CHORUS_NCCL_API(ncclResult_t, ncclReduceScatter, const void* sendbuff, void* recvbuff,
@@ -108,24 +109,24 @@ CHORUS_NCCL_API(ncclResult_t, ncclReduceScatter, const void* sendbuff, void* rec
 ncclResult_t ncclReduceScatter(const void* sendbuff, void* recvbuff, size_t recvcount,
                                ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm,
                                cudaStream_t stream) {
-  return coll("ncclReduceScatter", kReduceScatter, sendbuff, recvbuff, recvcount, datatype, op,
-              -1, comm, stream);
+  return coll("ncclReduceScatter", kReduceScatter, sendbuff, recvbuff, recvcount,
+              enum_bits(datatype), enum_bits(op), -1, comm, stream);
 }
 
 CHORUS_NCCL_API(ncclResult_t, ncclAllGather, const void* sendbuff, void* recvbuff,
                 size_t sendcount, ncclDataType_t datatype, ncclComm_t comm, cudaStream_t stream);
 ncclResult_t ncclAllGather(const void* sendbuff, void* recvbuff, size_t sendcount,
                            ncclDataType_t datatype, ncclComm_t comm, cudaStream_t stream) {
-  return coll("ncclAllGather", kAllGather, sendbuff, recvbuff, sendcount, datatype, ncclSum, -1,
-              comm, stream);
+  return coll("ncclAllGather", kAllGather, sendbuff, recvbuff, sendcount, enum_bits(datatype),
+              ncclSum, -1, comm, stream);
 }
 
 CHORUS_NCCL_API(ncclResult_t, ncclAlltoAll, const void* sendbuff, void* recvbuff, size_t count,
                 ncclDataType_t datatype, ncclComm_t comm, cudaStream_t stream);
 ncclResult_t ncclAlltoAll(const void* sendbuff, void* recvbuff, size_t count,
                           ncclDataType_t datatype, ncclComm_t comm, cudaStream_t stream) {
-  return coll("ncclAlltoAll", kAlltoAll, sendbuff, recvbuff, count, datatype, ncclSum, -1, comm,
-              stream);
+  return coll("ncclAlltoAll", kAlltoAll, sendbuff, recvbuff, count, enum_bits(datatype), ncclSum,
+              -1, comm, stream);
 }
 
 CHORUS_NCCL_API(ncclResult_t, ncclBroadcast, const void* sendbuff, void* recvbuff, size_t count,
@@ -133,15 +134,16 @@ CHORUS_NCCL_API(ncclResult_t, ncclBroadcast, const void* sendbuff, void* recvbuf
 ncclResult_t ncclBroadcast(const void* sendbuff, void* recvbuff, size_t count,
                            ncclDataType_t datatype, int root, ncclComm_t comm,
                            cudaStream_t stream) {
-  return coll("ncclBroadcast", kBroadcast, sendbuff, recvbuff, count, datatype, ncclSum, root,
-              comm, stream);
+  return coll("ncclBroadcast", kBroadcast, sendbuff, recvbuff, count, enum_bits(datatype), ncclSum,
+              root, comm, stream);
 }
 
 CHORUS_NCCL_API(ncclResult_t, ncclBcast, void* buff, size_t count, ncclDataType_t datatype,
                 int root, ncclComm_t comm, cudaStream_t stream);
 ncclResult_t ncclBcast(void* buff, size_t count, ncclDataType_t datatype, int root,
                        ncclComm_t comm, cudaStream_t stream) {
-  return coll("ncclBcast", kBroadcast, buff, buff, count, datatype, ncclSum, root, comm, stream);
+  return coll("ncclBcast", kBroadcast, buff, buff, count, enum_bits(datatype), ncclSum, root, comm,
+              stream);
 }
 
 CHORUS_NCCL_API(ncclResult_t, ncclReduce, const void* sendbuff, void* recvbuff, size_t count,
@@ -150,15 +152,16 @@ CHORUS_NCCL_API(ncclResult_t, ncclReduce, const void* sendbuff, void* recvbuff, 
 ncclResult_t ncclReduce(const void* sendbuff, void* recvbuff, size_t count,
                         ncclDataType_t datatype, ncclRedOp_t op, int root, ncclComm_t comm,
                         cudaStream_t stream) {
-  return coll("ncclReduce", kReduce, sendbuff, recvbuff, count, datatype, op, root, comm, stream);
+  return coll("ncclReduce", kReduce, sendbuff, recvbuff, count, enum_bits(datatype), enum_bits(op),
+              root, comm, stream);
 }
 
 CHORUS_NCCL_API(ncclResult_t, ncclGather, const void* sendbuff, void* recvbuff, size_t count,
                 ncclDataType_t datatype, int root, ncclComm_t comm, cudaStream_t stream);
 ncclResult_t ncclGather(const void* sendbuff, void* recvbuff, size_t count,
                         ncclDataType_t datatype, int root, ncclComm_t comm, cudaStream_t stream) {
-  return coll("ncclGather", kGather, sendbuff, recvbuff, count, datatype, ncclSum, root, comm,
-              stream);
+  return coll("ncclGather", kGather, sendbuff, recvbuff, count, enum_bits(datatype), ncclSum, root,
+              comm, stream);
 }
 
 CHORUS_NCCL_API(ncclResult_t, ncclScatter, const void* sendbuff, void* recvbuff, size_t count,
@@ -166,22 +169,24 @@ CHORUS_NCCL_API(ncclResult_t, ncclScatter, const void* sendbuff, void* recvbuff,
 ncclResult_t ncclScatter(const void* sendbuff, void* recvbuff, size_t count,
                          ncclDataType_t datatype, int root, ncclComm_t comm,
                          cudaStream_t stream) {
-  return coll("ncclScatter", kScatter, sendbuff, recvbuff, count, datatype, ncclSum, root, comm,
-              stream);
+  return coll("ncclScatter", kScatter, sendbuff, recvbuff, count, enum_bits(datatype), ncclSum,
+              root, comm, stream);
 }
 
 CHORUS_NCCL_API(ncclResult_t, ncclSend, const void* sendbuff, size_t count,
                 ncclDataType_t datatype, int peer, ncclComm_t comm, cudaStream_t stream);
 ncclResult_t ncclSend(const void* sendbuff, size_t count, ncclDataType_t datatype, int peer,
                       ncclComm_t comm, cudaStream_t stream) {
-  return coll("ncclSend", kSend, sendbuff, nullptr, count, datatype, ncclSum, peer, comm, stream);
+  return coll("ncclSend", kSend, sendbuff, nullptr, count, enum_bits(datatype), ncclSum, peer, comm,
+              stream);
 }
 
 CHORUS_NCCL_API(ncclResult_t, ncclRecv, void* recvbuff, size_t count, ncclDataType_t datatype,
                 int peer, ncclComm_t comm, cudaStream_t stream);
 ncclResult_t ncclRecv(void* recvbuff, size_t count, ncclDataType_t datatype, int peer,
                       ncclComm_t comm, cudaStream_t stream) {
-  return coll("ncclRecv", kRecv, nullptr, recvbuff, count, datatype, ncclSum, peer, comm, stream);
+  return coll("ncclRecv", kRecv, nullptr, recvbuff, count, enum_bits(datatype), ncclSum, peer, comm,
+              stream);
 }
 
 CHORUS_NCCL_API(ncclResult_t, ncclGroupStart, void);

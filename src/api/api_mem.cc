@@ -140,12 +140,13 @@ ncclResult_t ncclRedOpCreatePreMulSum(ncclRedOp_t* op, void* scalar, ncclDataTyp
   return guard("ncclRedOpCreatePreMulSum", [&]() -> Status {
     if (op == nullptr) return invalid_argument("op is NULL");
     if (scalar == nullptr) return invalid_argument("scalar is NULL");
-    CHORUS_RETURN_IF_ERROR(check_datatype(datatype));
-    if (residence != ncclScalarDevice && residence != ncclScalarHostImmediate)
-      return invalid_argument("residence {} is not a ncclScalarResidence_t", static_cast<int>(residence));
+    int dtype = enum_bits(datatype), where = enum_bits(residence);
+    CHORUS_RETURN_IF_ERROR(check_datatype(dtype));
+    if (where != ncclScalarDevice && where != ncclScalarHostImmediate)
+      return invalid_argument("residence {} is not a ncclScalarResidence_t", where);
     CHORUS_ASSIGN_OR_RETURN(std::shared_ptr<Comm> c, usable_comm(comm));
-    CHORUS_ASSIGN_OR_RETURN(int id, c->create_premul(static_cast<DataType>(datatype), scalar,
-                                                     residence == ncclScalarHostImmediate));
+    CHORUS_ASSIGN_OR_RETURN(int id, c->create_premul(static_cast<DataType>(dtype), scalar,
+                                                     where == ncclScalarHostImmediate));
     *op = static_cast<ncclRedOp_t>(id);
     return Status();
   });
@@ -155,8 +156,9 @@ CHORUS_NCCL_API(ncclResult_t, ncclRedOpDestroy, ncclRedOp_t op, ncclComm_t comm)
 ncclResult_t ncclRedOpDestroy(ncclRedOp_t op, ncclComm_t comm) {
   return guard("ncclRedOpDestroy", [&]() -> Status {
     CHORUS_ASSIGN_OR_RETURN(std::shared_ptr<Comm> c, find_comm(comm));
-    if (static_cast<int>(op) >= 0 && static_cast<int>(op) < ncclNumOps)
-      return invalid_argument("op {} is built in and cannot be destroyed", static_cast<int>(op));
-    return c->destroy_redop(static_cast<int>(op));
+    int id = enum_bits(op);
+    if (id >= 0 && id < ncclNumOps)
+      return invalid_argument("op {} is built in and cannot be destroyed", id);
+    return c->destroy_redop(id);
   });
 }

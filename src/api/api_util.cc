@@ -92,9 +92,9 @@ Result<Stream*> find_stream(cudaStream_t stream) {
   return s;
 }
 
-Status check_datatype(ncclDataType_t datatype) {
-  if (!datatype_valid(static_cast<int>(datatype)))
-    return invalid_argument("datatype {} is not a valid ncclDataType_t", static_cast<int>(datatype));
+Status check_datatype(int datatype) {
+  if (!datatype_valid(datatype))
+    return invalid_argument("datatype {} is not a valid ncclDataType_t", datatype);
   return Status();
 }
 
@@ -104,8 +104,8 @@ Status check_rank(const char* what, int value, int nranks) {
   return Status();
 }
 
-Result<RedOp> resolve_op(const Comm& comm, ncclRedOp_t op, ncclDataType_t datatype) {
-  int id = static_cast<int>(op);
+Result<RedOp> resolve_op(const Comm& comm, int op, int datatype) {
+  int id = op;
   if (id >= 0 && id < kNumBuiltinOps) {
     RedOp r;
     r.kind = static_cast<RedOpKind>(id);
@@ -114,7 +114,7 @@ Result<RedOp> resolve_op(const Comm& comm, ncclRedOp_t op, ncclDataType_t dataty
   return comm.resolve_redop(id, static_cast<DataType>(datatype));
 }
 
-Status check_size(size_t count, ncclDataType_t datatype, size_t multiplier) {
+Status check_size(size_t count, int datatype, size_t multiplier) {
   size_t es = datatype_size(static_cast<DataType>(datatype));
   if (multiplier == 0) multiplier = 1;
   if (count > SIZE_MAX / es / multiplier || count * es * multiplier > (size_t{1} << 56))

@@ -6,7 +6,9 @@
 
 #include <nccl.h>
 
+#include <cstring>
 #include <memory>
+#include <type_traits>
 #include <utility>
 
 #include "common/log.h"
@@ -60,13 +62,25 @@ Result<std::shared_ptr<Comm>> find_comm(ncclComm_t handle);
 Result<std::shared_ptr<Comm>> usable_comm(ncclComm_t handle);
 
 // ---- Argument checks ----
+// The int a C caller passed for an enum parameter (ncclDataType_t, ncclRedOp_t ...). C allows
+// any int there, but in C++ reading an enum object that holds a value outside its enumerators'
+// range is undefined (UBSan's -fsanitize=enum reports it), so entry points take the bits
+// without reading the enum and validate the int before anything converts it back.
+template <typename E>
+int enum_bits(const E& value) {
+  static_assert(std::is_enum_v<E> && sizeof(E) == sizeof(int));
+  int bits;
+  std::memcpy(&bits, &value, sizeof(bits));
+  return bits;
+}
+
 Result<Stream*> find_stream(cudaStream_t stream);  // NULL is valid (the synchronous stream)
-Status check_datatype(ncclDataType_t datatype);
+Status check_datatype(int datatype);                // an ncclDataType_t (enum_bits)
 Status check_rank(const char* what, int value, int nranks);
-// Resolves an ncclRedOp_t for comm and datatype (built-in or PreMulSum).
-Result<RedOp> resolve_op(const Comm& comm, ncclRedOp_t op, ncclDataType_t datatype);
-// count * elem_size * multiplier without overflow.
-Status check_size(size_t count, ncclDataType_t datatype, size_t multiplier);
+// Resolves an ncclRedOp_t for comm and a valid datatype (built-in or PreMulSum).
+Result<RedOp> resolve_op(const Comm& comm, int op, int datatype);
+// count * elem_size * multiplier without overflow (datatype already checked).
+Status check_size(size_t count, int datatype, size_t multiplier);
 
 // ---- Configuration (ncclConfig_t rules of NCCL 2.28) ----
 // Copies what the caller's header version knows, rejects a bad magic or bad values.
