@@ -143,7 +143,9 @@ Status RootServer::on_forward(Peer& p, std::string_view payload) {
   if (f.comm_uid != id_.comm_uid) {
     st = invalid_argument("FORWARD for communicator uid {:#x}, this root serves {:#x}", f.comm_uid,
                           id_.comm_uid);
-  } else if (f.nranks < 1 || f.nroots > f.nranks || f.group == 0 || f.group >= f.nroots) {
+  } else if (f.nranks < 1 || f.nranks > kMaxRanks || f.nroots > f.nranks || f.group == 0 ||
+             f.group >= f.nroots) {
+    // nranks is bounded before group_first() multiplies it by a group number.
     st = invalid_argument("FORWARD from group {} of {} for {} ranks", f.group, f.nroots, f.nranks);
   } else {
     int64_t size = wire::group_first(f.group + 1, f.nranks, f.nroots) -

@@ -286,6 +286,28 @@ TEST_CASE("garbage, absurd lengths, bad HELLOs and silence do not stop the ranks
   CHECK_FALSE(net::recv_all(absurd.get(), &byte, 1, Deadline::after_ms(2000)).ok());
 }
 
+TEST_CASE("a FORWARD with absurd group numbers is refused", "[unit][bootstrap]") {
+  // Found by tests/fuzz (root_server): 2^32-1 ranks and roots made the group arithmetic
+  // overflow before the rank count was bounded.
+  auto id = create_unique_id();
+  REQUIRE(id.ok());
+  Deadline deadline = Deadline::after_ms(3000);
+  UniqueFd fd = connect_to(*id);
+  REQUIRE(auth_initiator(fd.get(), id->secret, "chorus-bootstrap", deadline).ok());
+  wire::Forward f{0xffffffffu, 0xffffffffu, 0xfffffffeu, id->comm_uid, 3};
+  REQUIRE(wire::write_frame(fd.get(), wire::FrameType::kForward, wire::encode_forward(f), deadline)
+              .ok());
+  wire::FrameHeader header;
+  std::string payload;
+  REQUIRE(wire::read_frame(fd.get(), deadline, &header, &payload).ok());
+  CHECK(header.type == wire::FrameType::kError);
+  CHECK_THAT(payload, Catch::Contains("FORWARD from group"));
+  // The root still serves the communicator.
+  auto results = run_ranks(
+      2, [&](int r) { return exchange(*id, r, 2, blob_of(r), Deadline::after_ms(8000)); });
+  check_tables(results);
+}
+
 TEST_CASE("a duplicate rank is refused and the original completes", "[unit][bootstrap]") {
   auto id = create_unique_id();
   REQUIRE(id.ok());
