@@ -22,7 +22,6 @@ namespace chorus::tcp {
 namespace {
 
 constexpr uint32_t kIdentMagic = 0x43485449;  // "CHTI"
-constexpr size_t kIdentBytes = 24;            // magic, rank, channel, reserved, comm_uid
 constexpr size_t kAckBytes = 8;               // magic, status (0 accepted)
 constexpr int64_t kIncomingHandshakeMs = 5000;
 constexpr size_t kMaxPendingIncoming = 256;
@@ -376,21 +375,17 @@ void Connector::on_authenticated(Link& l) {
   l.want = kIdentBytes;
   l.phase = l.outgoing ? Link::Phase::kSendIdent : Link::Phase::kRecvIdent;
   if (!l.outgoing) return;
-  put_u32(l.buf, kIdentMagic);
-  put_u32(l.buf + 4, static_cast<uint32_t>(setup_.rank));
-  put_u32(l.buf + 8, static_cast<uint32_t>(l.channel));
-  put_u32(l.buf + 12, 0);
-  put_u64(l.buf + 16, setup_.comm_uid);
+  encode_ident(Ident{setup_.rank, static_cast<uint32_t>(l.channel), setup_.comm_uid}, l.buf);
 }
 
 Status Connector::on_ident(Link& l) {
-  uint32_t magic = get_u32(l.buf);
-  int rank = static_cast<int>(get_u32(l.buf + 4));
-  uint32_t channel = get_u32(l.buf + 8);
-  uint64_t uid = get_u64(l.buf + 16);
-  if (magic != kIdentMagic) return remote_error("bad identification magic {:#010x}", magic);
-  if (uid != setup_.comm_uid) {
-    return remote_error("it belongs to communicator {:#x}, not {:#x}", uid, setup_.comm_uid);
+  Ident ident;
+  CHORUS_RETURN_IF_ERROR(decode_ident(l.buf, &ident));
+  int rank = ident.rank;
+  uint32_t channel = ident.channel;
+  if (ident.comm_uid != setup_.comm_uid) {
+    return remote_error("it belongs to communicator {:#x}, not {:#x}", ident.comm_uid,
+                        setup_.comm_uid);
   }
   auto it = lower_peers_.find(rank);
   if (it == lower_peers_.end()) {
@@ -447,6 +442,23 @@ std::string Connector::missing() const {
 }  // namespace
 
 std::string auth_context(uint64_t comm_uid) { return fmt::format("chorus-tcp:{}", comm_uid); }
+
+void encode_ident(const Ident& ident, uint8_t out[kIdentBytes]) {
+  put_u32(out, kIdentMagic);
+  put_u32(out + 4, static_cast<uint32_t>(ident.rank));
+  put_u32(out + 8, ident.channel);
+  put_u32(out + 12, 0);
+  put_u64(out + 16, ident.comm_uid);
+}
+
+Status decode_ident(const uint8_t in[kIdentBytes], Ident* out) {
+  uint32_t magic = get_u32(in);
+  if (magic != kIdentMagic) return remote_error("bad identification magic {:#010x}", magic);
+  out->rank = static_cast<int>(get_u32(in + 4));
+  out->channel = get_u32(in + 8);
+  out->comm_uid = get_u64(in + 16);
+  return ok_status();
+}
 
 Result<std::unique_ptr<TcpListener>> TcpListener::create(const net::SockAddr& bind_addr) {
   net::SockAddr bound;

@@ -75,4 +75,16 @@ Result<TcpConnections> connect_all(const TcpSetup& setup);
 // The handshake context of a communicator's TCP connections.
 std::string auth_context(uint64_t comm_uid);
 
+// The identification a connector sends once authenticated (README.md), 24 bytes little-endian:
+//   u32 magic 'CHTI' | u32 rank | u32 channel | u32 0 | u64 comm_uid
+struct Ident {
+  int rank = -1;
+  uint32_t channel = 0;
+  uint64_t comm_uid = 0;
+};
+inline constexpr size_t kIdentBytes = 24;
+void encode_ident(const Ident& ident, uint8_t out[kIdentBytes]);
+// kRemoteError for a bad magic; the caller judges rank, channel and comm_uid.
+Status decode_ident(const uint8_t in[kIdentBytes], Ident* out);
+
 }  // namespace chorus::tcp
