@@ -42,7 +42,8 @@ struct Case {
 // (the call's ncclResult_t and ncclGetLastError, or the first mismatching elements).
 std::string run_case(ncclComm_t comm, const Case& c);
 
-// Every datatype, and the counts of the test matrix.
+// Every datatype (only those named in CHORUS_TEST_DATATYPES, e.g. "int8,float", when set),
+// and the counts of the test matrix.
 std::vector<ncclDataType_t> all_datatypes();
 std::vector<size_t> matrix_counts();
 
