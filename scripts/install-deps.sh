@@ -9,7 +9,7 @@ set -euo pipefail
 
 build_pkgs=(build-essential cmake pkg-config git libfmt-dev libhwloc-dev hwloc-nox catch2
             libbenchmark-dev libssl-dev libibverbs-dev librdmacm-dev rdma-core ibverbs-utils
-            libucx-dev ucx-utils openmpi-bin libopenmpi-dev clang libclang-rt-14-dev binutils
+            libucx-dev ucx-utils openmpi-bin libopenmpi-dev clang libclang-rt-14-dev llvm binutils
             iproute2 procps)
 bench_pkgs=(python3-torch python3-numpy gnuplot-nox python3-matplotlib)
 

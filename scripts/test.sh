@@ -1,13 +1,32 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: Apache-2.0
-# Installs what is needed, builds, and runs the whole test suite (README command 2; .ci/run).
-#   scripts/test.sh [extra ctest arguments, e.g. -L unit]
+# Installs what is needed, builds, and runs the whole test suite (README command 2; .ci/run):
+# the ctest suite of the normal build, then the core suite under ASan+UBSan and under TSan and
+# a short run of every fuzzer (scripts/sanitizers.sh).
+#   scripts/test.sh                      everything
+#   scripts/test.sh [ctest arguments]    the normal build's ctest only, e.g. scripts/test.sh -L unit
+#   CHORUS_TEST_STAGES="test asan tsan fuzz" scripts/test.sh   chosen stages (default: all of
+#                                        them, or "test" when ctest arguments are given)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
+if [ $# -gt 0 ]; then
+  stages=${CHORUS_TEST_STAGES:-test}
+else
+  stages=${CHORUS_TEST_STAGES:-test asan tsan fuzz}
+fi
 jobs=$(nproc)
-cmake -S . -B build-test -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCHORUS_WERROR=ON -DCHORUS_BUILD_TESTS=ON
-cmake --build build-test -j"$jobs"
-start=$(date +%s)
-ctest --test-dir build-test -j"$jobs" --output-on-failure --no-tests=error "$@"
-echo "test suite: $(( $(date +%s) - start )) s"
+total=$(date +%s)
+if [[ " $stages " == *" test "* ]]; then
+  cmake -S . -B build-test -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCHORUS_WERROR=ON -DCHORUS_BUILD_TESTS=ON
+  cmake --build build-test -j"$jobs"
+  start=$(date +%s)
+  ctest --test-dir build-test -j"$jobs" --output-on-failure --no-tests=error "$@"
+  echo "test suite: $(($(date +%s) - start)) s"
+fi
+sanitizer_stages=()
+for s in asan tsan fuzz; do
+  if [[ " $stages " == *" $s "* ]]; then sanitizer_stages+=("$s"); fi
+done
+if [ ${#sanitizer_stages[@]} -gt 0 ]; then scripts/sanitizers.sh "${sanitizer_stages[@]}"; fi
+echo "scripts/test.sh ($stages): $(($(date +%s) - total)) s"

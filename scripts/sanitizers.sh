@@ -1,0 +1,129 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
+# The sanitizer and fuzzing stages of CI (scripts/test.sh runs them after the normal suite).
+#
+#   scripts/sanitizers.sh [asan] [tsan] [fuzz]      no argument: all three, in that order
+#
+#   asan  gcc -fsanitize=address,undefined (LeakSanitizer on), build-asan: the core suite
+#   tsan  gcc -fsanitize=thread, build-tsan: a smaller core suite (TSan is 5-15x slower)
+#   fuzz  clang libFuzzer + ASan/UBSan, build-fuzz: every committed corpus input once, then each
+#         target for CHORUS_FUZZ_SECONDS seconds (default 20); tests/fuzz/README.md
+#
+# Environment: CHORUS_FUZZ_SECONDS; CHORUS_SAN_JOBS (build and ctest parallelism, default
+# nproc). Benchmarks and examples are not built. Any sanitizer report fails the test that
+# produced it (halt_on_error, abort_on_error); suppressions are in tests/sanitizers/ (third-party
+# false positives only, each explained there).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$PWD
+jobs=${CHORUS_SAN_JOBS:-$(nproc)}
+fuzz_seconds=${CHORUS_FUZZ_SECONDS:-20}
+supp=$root/tests/sanitizers
+
+stages=("$@")
+[ ${#stages[@]} -gt 0 ] || stages=(asan tsan fuzz)
+for s in "${stages[@]}"; do
+  case "$s" in
+    asan | tsan | fuzz) ;;
+    *) echo "sanitizers.sh: unknown stage '$s' (asan, tsan, fuzz)" >&2; exit 2 ;;
+  esac
+done
+
+# ---- What runs under the sanitizers -----------------------------------------------------------
+# The core suite: ctest labels unit, ranks and mp, except
+#   - the whole-library script checks (abi:exports reads the shared library's symbol table,
+#     install:* builds an uninstrumented consumer against the installed library, netns:* needs
+#     network namespaces): they say nothing about memory or threads;
+#   - ASan: the default-choice matrix with 8 ranks ("<Coll> matrix with 8 ranks"): every
+#     algorithm still runs with 8 ranks in "<Coll> with algorithm <name>";
+#   - TSan: the whole default-choice matrix ("<Coll> matrix with N ranks", 1M-element counts):
+#     the per-algorithm matrix runs every algorithm of every collective with 1-8 ranks.
+# and with fewer datatypes (CHORUS_TEST_DATATYPES, tests/support/coll_check.h): the transports
+# and algorithms depend on the element size only, and every datatype's kernels are checked
+# by the unit tests. ASan keeps one datatype of each size (int8, half, float, double); TSan,
+# 5-15x slower, int8 and float. Each stage takes about 10 minutes on 2 cores.
+core_tests=(chorus_unit_tests chorus_ranks_tests chorus_mp_tests chorus_mp_worker)
+core_labels='^(unit|ranks|mp)$'
+not_instrumented='^(abi|install|example|netns):'
+asan_exclude="$not_instrumented|^ranks:.* matrix with 8 ranks$"
+asan_datatypes=int8,half,float,double
+tsan_exclude="$not_instrumented|^ranks:.* matrix with [0-9]+ ranks$"
+tsan_datatypes=int8,float
+
+configure_build() {  # dir, extra cmake arguments...
+  local dir=$1
+  shift
+  cmake -S . -B "$dir" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCHORUS_BUILD_BENCH=OFF \
+    -DCHORUS_BUILD_EXAMPLES=OFF "$@" > "$dir.configure.log" 2>&1 ||
+    { cat "$dir.configure.log"; return 1; }
+}
+
+run_ctest() {  # dir, exclude, datatypes, [wrapper...]
+  local dir=$1 exclude=$2 datatypes=$3
+  shift 3
+  CHORUS_TEST_DATATYPES=$datatypes "$@" ctest --test-dir "$dir" -j"$jobs" --output-on-failure \
+    --no-tests=error -L "$core_labels" -E "$exclude"
+}
+
+stage_asan() {
+  mkdir -p build-asan
+  configure_build build-asan -DCHORUS_WERROR=ON -DCHORUS_BUILD_TESTS=ON \
+    "-DCHORUS_SANITIZE=address;undefined"
+  cmake --build build-asan -j"$jobs" --target "${core_tests[@]}"
+  export ASAN_OPTIONS="detect_leaks=1:check_initialization_order=1:strict_init_order=1:detect_stack_use_after_return=1"
+  export LSAN_OPTIONS="suppressions=$supp/lsan.supp:print_suppressions=0"
+  export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
+  run_ctest build-asan "$asan_exclude" "$asan_datatypes"
+  unset ASAN_OPTIONS LSAN_OPTIONS UBSAN_OPTIONS
+}
+
+stage_tsan() {
+  mkdir -p build-tsan
+  configure_build build-tsan -DCHORUS_WERROR=ON -DCHORUS_BUILD_TESTS=ON -DCHORUS_SANITIZE=thread
+  cmake --build build-tsan -j"$jobs" --target "${core_tests[@]}"
+  # TSan maps its shadow at fixed addresses; with the kernel's address randomisation some
+  # mappings land there ("unexpected memory mapping"). setarch -R turns it off for the tests.
+  local wrapper=()
+  if setarch "$(uname -m)" -R true 2> /dev/null; then wrapper=(setarch "$(uname -m)" -R); fi
+  export TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:suppressions=$supp/tsan.supp"
+  run_ctest build-tsan "$tsan_exclude" "$tsan_datatypes" "${wrapper[@]}"
+  unset TSAN_OPTIONS
+}
+
+stage_fuzz() {
+  mkdir -p build-fuzz
+  configure_build build-fuzz -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ \
+    -DCHORUS_BUILD_TESTS=OFF -DCHORUS_BUILD_FUZZERS=ON
+  cmake --build build-fuzz -j"$jobs" --target chorus_fuzzers
+  export ASAN_OPTIONS="detect_leaks=1"
+  export LSAN_OPTIONS="suppressions=$supp/lsan.supp:print_suppressions=0"
+  export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
+  # Every committed input (seeds and reproducers of fixed crashes) must pass.
+  ctest --test-dir build-fuzz -j"$jobs" --output-on-failure --no-tests=error -L fuzz
+  local summary=""
+  for bin in build-fuzz/tests/fuzz/fuzz_*; do
+    local t=${bin##*/fuzz_}
+    [ "$t" != seeds ] || continue
+    local work=build-fuzz/corpus/$t log=build-fuzz/fuzz_$t.log
+    mkdir -p "$work" build-fuzz/artifacts
+    # New inputs go to build-fuzz/corpus/<target>; the committed corpus is only read.
+    if ! "$bin" -max_total_time="$fuzz_seconds" -timeout=10 -print_final_stats=1 \
+      -artifact_prefix="build-fuzz/artifacts/$t-" "$work" "tests/fuzz/corpus/$t" > "$log" 2>&1; then
+      tail -n 60 "$log"
+      echo "sanitizers.sh: fuzz_$t failed; reproducer in build-fuzz/artifacts/ (tests/fuzz/README.md)" >&2
+      return 1
+    fi
+    local runs
+    runs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -n 1)
+    summary+=$(printf '  %-16s %10s executions in %s s\n' "$t" "${runs:-?}" "$fuzz_seconds")$'\n'
+  done
+  printf 'fuzzing:\n%s' "$summary"
+  unset ASAN_OPTIONS LSAN_OPTIONS UBSAN_OPTIONS
+}
+
+for s in "${stages[@]}"; do
+  start=$(date +%s)
+  echo "==== sanitizers.sh: $s"
+  "stage_$s"
+  echo "==== sanitizers.sh: $s passed in $(($(date +%s) - start)) s"
+done
