@@ -51,7 +51,8 @@ void hostile_peer(Input& input, bool initiator) {
   size_t off = 0;
   bool shut = false;
   for (int iter = 0; iter < 10000; ++iter) {
-    if (off < peer_bytes.size()) off += chorus::fuzz::write_some(p.fd[1], peer_bytes.substr(off, step));
+    if (off < peer_bytes.size())
+      off += chorus::fuzz::write_some(p.fd[1], peer_bytes.substr(off, step));
     if (off == peer_bytes.size() && !shut) {
       shutdown(p.fd[1], SHUT_WR);
       shut = true;

@@ -26,7 +26,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   FUZZ_CHECK(again->pid == info->pid && again->process_token == info->process_token);
   FUZZ_CHECK(again->doorbell_fd == info->doorbell_fd && again->shm_fd == info->shm_fd);
   FUZZ_CHECK(again->tcp_addr.len == info->tcp_addr.len);
-  FUZZ_CHECK(std::memcmp(&again->tcp_addr.storage, &info->tcp_addr.storage, info->tcp_addr.len) == 0);
+  FUZZ_CHECK(std::memcmp(&again->tcp_addr.storage, &info->tcp_addr.storage,
+                         info->tcp_addr.len) == 0);
   FUZZ_CHECK(again->channels == info->channels);
   return 0;
 }

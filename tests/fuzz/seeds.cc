@@ -239,12 +239,12 @@ std::vector<Msg> messages() {
   m.push_back({0, tag(CollKind::kAllGather, 1, 100, DataType::kUint8), payload(100, 1)});
   m.push_back({0, tag(CollKind::kBroadcast, 2, 0, DataType::kInt8, 0), ""});
   // Reducing: float sum, int32 max, half prod.
-  m.push_back({static_cast<uint8_t>(1 | (7 << 1)), tag(CollKind::kAllReduce, 3, 50, DataType::kFloat32),
-               payload(200, 3)});
+  m.push_back({static_cast<uint8_t>(1 | (7 << 1)),
+               tag(CollKind::kAllReduce, 3, 50, DataType::kFloat32), payload(200, 3)});
   m.push_back({static_cast<uint8_t>(1 | (2 << 1) | (2 << 5)),
                tag(CollKind::kReduceScatter, 4, 33, DataType::kInt32), payload(132, 4)});
-  m.push_back({static_cast<uint8_t>(1 | (6 << 1) | (1 << 5)), tag(CollKind::kReduce, 5, 61, DataType::kFloat16, 1),
-               payload(122, 5)});
+  m.push_back({static_cast<uint8_t>(1 | (6 << 1) | (1 << 5)),
+               tag(CollKind::kReduce, 5, 61, DataType::kFloat16, 1), payload(122, 5)});
   return m;
 }
 
@@ -266,6 +266,60 @@ void tcp_stream() {
     }
     write_seed("tcp_stream", variant ? "five_messages_big_pieces" : "five_messages", s);
   }
+}
+
+// One message, then the peer gives up with a farewell (reason text) instead of the second.
+void tcp_farewell() {
+  auto msgs = messages();
+  std::string s;
+  put_le(&s, 1, 1);   // 2 receives
+  put_le(&s, 0, 2);   // bounce: 64 bytes
+  put_le(&s, 16, 1);  // piece: 17 bytes
+  fuzz::put_recv_spec(&s, msgs[0].flags, msgs[0].payload.size(), msgs[0].tag);
+  fuzz::put_recv_spec(&s, msgs[2].flags, msgs[2].payload.size(), msgs[2].tag);
+  tcp::WireHeader h{};
+  h.magic = tcp::kWireMagic;
+  h.tag = msgs[0].tag;
+  h.bytes = msgs[0].payload.size();
+  s.append(reinterpret_cast<const char*>(&h), sizeof(h));
+  s += msgs[0].payload;
+  std::string reason = "rank 1 called AllGather #2 but rank 0 called AllReduce #2";
+  h = tcp::WireHeader{};
+  h.magic = tcp::kFarewellMagic;
+  h.reserved = static_cast<uint32_t>(Code::kInvalidUsage);
+  h.bytes = reason.size();
+  s.append(reinterpret_cast<const char*>(&h), sizeof(h));
+  s += reason;
+  write_seed("tcp_stream", "farewell", s);
+}
+
+void shm_farewell() {
+  auto msgs = messages();
+  std::string s;
+  put_le(&s, 1, 1);  // 2 receives
+  put_le(&s, 3, 1);  // ring: 256 bytes
+  put_le(&s, 1, 1);  // the producer closes at the end
+  put_le(&s, 0, 8);
+  fuzz::put_recv_spec(&s, msgs[0].flags, msgs[0].payload.size(), msgs[0].tag);
+  fuzz::put_recv_spec(&s, msgs[2].flags, msgs[2].payload.size(), msgs[2].tag);
+  shm::MsgHeader h{};
+  h.magic = shm::kMsgMagic;
+  h.index = 0;
+  h.tag = msgs[0].tag;
+  h.bytes = msgs[0].payload.size();
+  s.append(reinterpret_cast<const char*>(&h), sizeof(h));
+  s += msgs[0].payload;
+  s.append((shm::kFifoAlign - msgs[0].payload.size() % shm::kFifoAlign) % shm::kFifoAlign, '\0');
+  std::string reason = "rank 1 gave up: CHORUS_TIMEOUT_MS passed";
+  h = shm::MsgHeader{};
+  h.magic = shm::kMsgMagic;
+  h.index = 1;
+  h.flags = shm::kFarewell;
+  h.bytes = reason.size();
+  h.address = static_cast<uint64_t>(Code::kRemoteError);
+  s.append(reinterpret_cast<const char*>(&h), sizeof(h));
+  s += reason;
+  write_seed("shm_fifo", "farewell", s);
 }
 
 void shm_fifo() {
@@ -307,6 +361,8 @@ int main(int argc, char** argv) {
   peer_info();
   tcp_ident();
   tcp_stream();
+  tcp_farewell();
   shm_fifo();
+  shm_farewell();
   return 0;
 }

@@ -6,8 +6,9 @@
 // frees up and publishes head, like the peer process would. This runs the 64-byte MsgHeader
 // check (magic, index, tag, size against the posted receive), the head/tail validation, plain and
 // reducing receives straight from the ring (wrapping around it), messages by reference (the
-// address comes from the stream; it points nowhere valid, so those fail cleanly), and the
-// producer closing. Input:
+// address comes from the stream; it rarely points anywhere valid, so those mostly fail
+// cleanly), the producer's farewell (flags bit 1, reason text as payload) and the producer
+// closing. Input:
 //   u8 receives (1 + n % 6) | u8 ring size (64 * (1 + n % 64)) | u8 mode | u64 raw head
 //   receive specs (fuzz_requests.h) | the stream: per message a MsgHeader (u32 magic 'CHSM',
 //   u32 index, MsgTag, u64 bytes, u64 address, u32 flags, padding to 64) then the payload

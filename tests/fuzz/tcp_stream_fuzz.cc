@@ -3,22 +3,49 @@
 // The receive side of a TCP connection (transports/tcp/tcp_connection.cc) fed by a hostile
 // peer: a real TcpConnection on one end of a socket pair posts receives described by the input,
 // and the rest of the input is what the peer writes, in pieces, followed by EOF. This runs the
-// 40-byte message header check (magic, tag, size against the posted receive) and the plain and
-// reducing (bounce buffer, partial elements) payload paths. Input:
+// 40-byte message header check (magic, tag, size against the posted receive), the plain and
+// reducing (bounce buffer, partial elements) payload paths, and the peer's farewell. Input:
 //   u8 receives (1 + n % 6) | u16 bounce bytes (64 + n % 1024) | u8 piece (1 + n % 255)
 //   receive specs (fuzz_requests.h) | the stream: u32 magic 'CHMT' | u32 0 | MsgTag | u64 bytes
-//   | payload, per message
+//   | payload, per message; or a farewell: u32 'CHFW' | u32 status code | MsgTag | u64 bytes
+//   | reason text
 // Invariants: a receive completes only with the bytes of a message whose header matched it,
 // the connection fails (naming the peer) rather than accept anything else, and after a
 // failure every request is finished.
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <utility>
+
 #include "fuzz_requests.h"
 #include "transports/tcp/tcp_connection.h"
 
 using namespace chorus;
 using chorus::fuzz::Input;
+
+namespace {
+
+// Where the first farewell of the stream starts and ends, walking it as the receiver does
+// ({0, 0}: none). A peer sends a farewell's header and text in one sendmsg(), and the receiver,
+// once it has the header, waits up to 200 ms for the text: the harness never stops writing
+// inside one.
+std::pair<size_t, size_t> find_farewell(std::string_view stream) {
+  size_t pos = 0;
+  while (pos + sizeof(tcp::WireHeader) <= stream.size()) {
+    tcp::WireHeader h;
+    std::memcpy(&h, stream.data() + pos, sizeof(h));
+    if (h.magic == tcp::kFarewellMagic) {
+      size_t end = pos + sizeof(h) + std::min<uint64_t>(h.bytes, kMaxFarewellBytes);
+      return {pos, std::min(end, stream.size())};
+    }
+    if (h.bytes > stream.size()) break;
+    pos += sizeof(h) + h.bytes;
+  }
+  return {0, 0};
+}
+
+}  // namespace
 
 extern "C" int LLVMFuzzerInitialize(int*, char***) {
   fuzz::quiet_logging();
@@ -39,12 +66,18 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   int peer_fd = sv[1];
   net::SockAddr addr;
   {
-    tcp::TcpConnection conn(UniqueFd(sv[0]), /*my_rank=*/0, /*peer=*/1, /*channel=*/0, addr, bounce);
+    tcp::TcpConnection conn(UniqueFd(sv[0]), /*my_rank=*/0, /*peer=*/1, /*channel=*/0, addr,
+                            bounce);
     for (auto& r : recvs.reqs) conn.post_recv(r.get());
+    const auto [farewell_start, farewell_end] = find_farewell(stream);
     size_t off = 0;
     bool shut = false;
     for (int iter = 0; iter < 100000; ++iter) {
-      if (off < stream.size()) off += fuzz::write_some(peer_fd, stream.substr(off, piece));
+      if (off < stream.size()) {
+        size_t n = std::min(piece, stream.size() - off);
+        if (off + n > farewell_start && off + n < farewell_end) n = farewell_end - off;
+        off += fuzz::write_some(peer_fd, stream.substr(off, n));
+      }
       if (off == stream.size() && !shut) {
         shutdown(peer_fd, SHUT_WR);  // EOF after the stream
         shut = true;
