@@ -54,9 +54,10 @@ tsan_datatypes=int8,float
 configure_build() {  # dir, extra cmake arguments...
   local dir=$1
   shift
+  mkdir -p "$dir"
   cmake -S . -B "$dir" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCHORUS_BUILD_BENCH=OFF \
-    -DCHORUS_BUILD_EXAMPLES=OFF "$@" > "$dir.configure.log" 2>&1 ||
-    { cat "$dir.configure.log"; return 1; }
+    -DCHORUS_BUILD_EXAMPLES=OFF "$@" > "$dir/configure.log" 2>&1 ||
+    { cat "$dir/configure.log"; return 1; }
 }
 
 run_ctest() {  # dir, exclude, datatypes, [wrapper...]
@@ -67,7 +68,6 @@ run_ctest() {  # dir, exclude, datatypes, [wrapper...]
 }
 
 stage_asan() {
-  mkdir -p build-asan
   configure_build build-asan -DCHORUS_WERROR=ON -DCHORUS_BUILD_TESTS=ON \
     "-DCHORUS_SANITIZE=address;undefined"
   cmake --build build-asan -j"$jobs" --target "${core_tests[@]}"
@@ -80,7 +80,6 @@ stage_asan() {
 }
 
 stage_tsan() {
-  mkdir -p build-tsan
   configure_build build-tsan -DCHORUS_WERROR=ON -DCHORUS_BUILD_TESTS=ON -DCHORUS_SANITIZE=thread
   cmake --build build-tsan -j"$jobs" --target "${core_tests[@]}"
   # TSan maps its shadow at fixed addresses; with the kernel's address randomisation some
@@ -96,7 +95,6 @@ stage_tsan() {
 }
 
 stage_fuzz() {
-  mkdir -p build-fuzz
   configure_build build-fuzz -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ \
     -DCHORUS_BUILD_TESTS=OFF -DCHORUS_BUILD_FUZZERS=ON
   cmake --build build-fuzz -j"$jobs" --target chorus_fuzzers
