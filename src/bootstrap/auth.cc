@@ -11,9 +11,11 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
 
 #include "bootstrap/socket.h"
 #include "bootstrap/wire.h"
+#include "common/fork_safe_mutex.h"
 #include "common/log.h"
 #include "core/process.h"
 
@@ -30,9 +32,15 @@ constexpr size_t kVerdictBytes = 8;
 constexpr uint32_t kAccepted = 0;
 constexpr uint32_t kRejected = 1;
 
+// Every OpenSSL call of ours runs under this lock, which fork() waits for: OpenSSL's own locks
+// (its algorithm store, taken by HMAC) have no fork handlers, and a rank forked while the
+// bootstrap root thread authenticated another would otherwise hang in its first HMAC.
+ForkSafeMutex g_openssl_mutex;
+
 Secret hmac(const Secret& key, const void* data, size_t bytes) {
   Secret out;
   unsigned int len = 0;
+  std::lock_guard<ForkSafeMutex> lock(g_openssl_mutex);
   HMAC(EVP_sha256(), key.bytes.data(), static_cast<int>(key.bytes.size()),
        static_cast<const unsigned char*>(data), bytes, out.bytes.data(), &len);
   return out;
@@ -40,7 +48,10 @@ Secret hmac(const Secret& key, const void* data, size_t bytes) {
 
 void fill_random(uint8_t* out, size_t bytes) {
   if (random_bytes(out, bytes)) return;
-  if (RAND_bytes(out, static_cast<int>(bytes)) == 1) return;
+  {
+    std::lock_guard<ForkSafeMutex> lock(g_openssl_mutex);
+    if (RAND_bytes(out, static_cast<int>(bytes)) == 1) return;
+  }
   // A predictable secret or nonce would silently defeat authentication: refuse to go on.
   CHORUS_WARN(kBootstrap, "no source of random bytes (getrandom and RAND_bytes failed); aborting");
   std::abort();

@@ -10,6 +10,7 @@
 #include <mutex>
 #include <string>
 
+#include "common/fork_safe_mutex.h"
 #include "common/params.h"
 
 namespace chorus::log {
@@ -18,11 +19,12 @@ State g_state;
 
 namespace {
 
-std::mutex g_mutex;  // guards g_file and the one-time setup below
+// Guards g_file and the one-time setup below; fork-safe: a child forked while another thread
+// logs must still be able to log.
+ForkSafeMutex g_mutex;
 FILE* g_file = nullptr;
 std::string g_hostname;
 thread_local int t_rank = -1;
-thread_local long t_tid = 0;
 
 struct SubsysName {
   Subsys bit;
@@ -100,13 +102,13 @@ void init_locked() {
 }  // namespace
 
 void init() {
-  std::lock_guard<std::mutex> lock(g_mutex);
+  std::lock_guard<ForkSafeMutex> lock(g_mutex);
   if (g_state.level.load(std::memory_order_relaxed) >= 0) return;
   init_locked();
 }
 
 void reset() {
-  std::lock_guard<std::mutex> lock(g_mutex);
+  std::lock_guard<ForkSafeMutex> lock(g_mutex);
   init_locked();
 }
 
@@ -121,11 +123,12 @@ int thread_rank() { return t_rank; }
 
 void write(Level level, Subsys subsys, std::string_view message) {
   static constexpr const char* kLevelNames[] = {"NONE", "VERSION", "WARN", "INFO", "TRACE"};
-  if (t_tid == 0) t_tid = static_cast<long>(syscall(SYS_gettid));
+  // Not cached: after fork() the calling thread has a new id.
+  long tid = static_cast<long>(syscall(SYS_gettid));
   // g_hostname is (re)written by init_locked() under g_mutex, possibly on another thread after
   // this one saw the level set (a relaxed load): read it under the mutex too.
-  std::lock_guard<std::mutex> lock(g_mutex);
-  std::string line = fmt::format("{}:{}:{} [{}] CHORUS {} {} {}\n", g_hostname, getpid(), t_tid,
+  std::lock_guard<ForkSafeMutex> lock(g_mutex);
+  std::string line = fmt::format("{}:{}:{} [{}] CHORUS {} {} {}\n", g_hostname, getpid(), tid,
                                  t_rank, kLevelNames[static_cast<int>(level)],
                                  subsys_name(subsys), message);
   std::fwrite(line.data(), 1, line.size(), g_file ? g_file : stderr);

@@ -15,6 +15,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
@@ -81,6 +82,30 @@ struct Child {
   int ready_fd = -1;   // one byte when the child is ready to be hit (read end)
   std::string report;
   int status = 0;
+  bool reaped = false;
+};
+
+// The children of one scenario. Whatever happens to the test (a failed REQUIRE included), the
+// destructor kills and reaps any child still there: a stuck rank fails its test at once instead
+// of holding ctest's output pipe open until the ctest timeout.
+struct Children {
+  std::vector<Child> list;
+
+  Children() = default;
+  Children(const Children&) = delete;
+  Children& operator=(const Children&) = delete;
+  ~Children() {
+    for (Child& c : list) {
+      if (c.reaped || c.pid <= 0) continue;
+      kill(c.pid, SIGKILL);
+      waitpid(c.pid, &c.status, 0);
+      if (c.report_fd >= 0) close(c.report_fd);
+      if (c.ready_fd >= 0) close(c.ready_fd);
+    }
+  }
+  Child& operator[](size_t i) { return list[i]; }
+  auto begin() const { return list.begin(); }
+  auto end() const { return list.end(); }
 };
 
 // What a child sees: its rank, and where to say it is ready.
@@ -96,8 +121,9 @@ struct ChildEnv {
 using Body = std::function<std::string(const ChildEnv&)>;
 
 // Forks `nranks` children running body(rank) with `env` set; the report is what body returns.
-std::vector<Child> spawn(int nranks, const std::vector<std::string>& env, const Body& body) {
-  std::vector<Child> children(nranks);
+// The caller owns the result; Children's destructor cleans up after a failed test.
+void spawn(Children* children, int nranks, const std::vector<std::string>& env, const Body& body) {
+  children->list.resize(nranks);
   for (int r = 0; r < nranks; ++r) {
     int report[2], ready[2];
     REQUIRE(pipe2(report, O_CLOEXEC) == 0);
@@ -116,11 +142,10 @@ std::vector<Child> spawn(int nranks, const std::vector<std::string>& env, const 
     }
     close(report[1]);
     close(ready[1]);
-    children[r].pid = pid;
-    children[r].report_fd = report[0];
-    children[r].ready_fd = ready[0];
+    children->list[r].pid = pid;
+    children->list[r].report_fd = report[0];
+    children->list[r].ready_fd = ready[0];
   }
-  return children;
 }
 
 bool wait_ready(const Child& c, int timeout_ms) {
@@ -132,9 +157,14 @@ bool wait_ready(const Child& c, int timeout_ms) {
 
 // Reads every report (bounded by timeout_ms overall), then reaps the children (killing any
 // that is still there, so a hang fails the test instead of hanging it).
-void collect(std::vector<Child>* children, int timeout_ms) {
+// `which`: the ranks to collect (all when empty).
+void collect(Children* children, int timeout_ms, const std::vector<int>& which = {}) {
   int64_t end = mono_ms() + timeout_ms;
-  for (Child& c : *children) {
+  for (size_t i = 0; i < children->list.size(); ++i) {
+    Child& c = children->list[i];
+    if (c.reaped) continue;
+    if (!which.empty() && std::find(which.begin(), which.end(), static_cast<int>(i)) == which.end())
+      continue;
     char buf[4096];
     for (;;) {
       pollfd p{c.report_fd, POLLIN, 0};
@@ -146,6 +176,7 @@ void collect(std::vector<Child>* children, int timeout_ms) {
     }
     close(c.report_fd);
     close(c.ready_fd);
+    c.report_fd = c.ready_fd = -1;
     // The pipe closes while the child exits: give it a moment to become reapable.
     int64_t reap_end = std::max(end, mono_ms() + 5000);
     while (waitpid(c.pid, &c.status, WNOHANG) == 0 && mono_ms() < reap_end)
@@ -155,6 +186,7 @@ void collect(std::vector<Child>* children, int timeout_ms) {
       waitpid(c.pid, &c.status, 0);
       c.report += " (killed by the test: it did not finish in time)";
     }
+    c.reaped = true;
   }
 }
 
@@ -261,8 +293,8 @@ void kill_during_allreduce(const char* transport) {
   const int nranks = 4, victim = 2;
   ncclUniqueId id;
   REQUIRE(ncclGetUniqueId(&id) == ncclSuccess);
-  auto children = spawn(
-      nranks,
+  Children children;
+  spawn(&children, nranks,
       {fmt::format("CHORUS_TRANSPORT={}", transport), "CHORUS_TIMEOUT_MS=60000"},
       [&](const ChildEnv& env) -> std::string {
         ncclComm_t comm = init(id, nranks, env.rank);
@@ -328,7 +360,8 @@ TEST_CASE("a frozen peer (SIGSTOP) fails the others at the timeout, naming it", 
   const int timeout_ms = 1500;
   ncclUniqueId id;
   REQUIRE(ncclGetUniqueId(&id) == ncclSuccess);
-  auto children = spawn(nranks, {"CHORUS_TRANSPORT=SHM", fmt::format("CHORUS_TIMEOUT_MS={}", timeout_ms)},
+  Children children;
+  spawn(&children, nranks, {"CHORUS_TRANSPORT=SHM", fmt::format("CHORUS_TIMEOUT_MS={}", timeout_ms)},
                         [&](const ChildEnv& env) -> std::string {
                           ncclComm_t comm = init(id, nranks, env.rank);
                           if (comm == nullptr) return "init=failed msg=" + last_error();
@@ -346,13 +379,15 @@ TEST_CASE("a frozen peer (SIGSTOP) fails the others at the timeout, naming it", 
   int64_t stopped_ms = mono_ms();
   kill(children[victim].pid, SIGSTOP);
   // Survivors report; then the frozen rank is killed (collect would kill it anyway).
-  std::vector<Child> survivors, frozen;
-  for (int r = 0; r < nranks; ++r) (r == victim ? frozen : survivors).push_back(children[r]);
-  collect(&survivors, 60000);
-  kill(frozen[0].pid, SIGKILL);
-  collect(&frozen, 10000);
+  std::vector<int> others;
+  for (int r = 0; r < nranks; ++r)
+    if (r != victim) others.push_back(r);
+  collect(&children, 60000, others);
+  kill(children[victim].pid, SIGKILL);
+  collect(&children, 10000, {victim});
   bool named = false;
-  for (const Child& c : survivors) {
+  for (int r : others) {
+    const Child& c = children[r];
     INFO(c.report);
     auto kv = parse(c.report);
     REQUIRE(kv.count("result"));
@@ -379,7 +414,8 @@ TEST_CASE("ncclCommAbort from another thread ends a blocked collective and frees
   const int nranks = 2;
   ncclUniqueId id;
   REQUIRE(ncclGetUniqueId(&id) == ncclSuccess);
-  auto children = spawn(nranks, {"CHORUS_TRANSPORT=SHM"}, [&](const ChildEnv& env) -> std::string {
+  Children children;
+  spawn(&children, nranks, {"CHORUS_TRANSPORT=SHM"}, [&](const ChildEnv& env) -> std::string {
     // Process-wide resources (progress thread, doorbell) come with the first comm; count ours
     // after a warm-up comm of one rank.
     ncclComm_t warm = nullptr;
@@ -444,7 +480,8 @@ TEST_CASE("mismatched collectives fail with ncclInvalidUsage naming both calls",
     const int nranks = 2;
     ncclUniqueId id;
     REQUIRE(ncclGetUniqueId(&id) == ncclSuccess);
-    auto children = spawn(nranks, {fmt::format("CHORUS_TRANSPORT={}", transport)},
+    Children children;
+  spawn(&children, nranks, {fmt::format("CHORUS_TRANSPORT={}", transport)},
                           [&](const ChildEnv& env) -> std::string {
                             ncclComm_t comm = init(id, nranks, env.rank);
                             if (comm == nullptr) return "init=failed msg=" + last_error();
@@ -479,7 +516,8 @@ TEST_CASE("different counts or datatypes at the same sequence number are caught"
   const int nranks = 3;
   ncclUniqueId id;
   REQUIRE(ncclGetUniqueId(&id) == ncclSuccess);
-  auto children = spawn(nranks, {"CHORUS_TRANSPORT=SHM", "CHORUS_TIMEOUT_MS=30000"},
+  Children children;
+  spawn(&children, nranks, {"CHORUS_TRANSPORT=SHM", "CHORUS_TIMEOUT_MS=30000"},
                         [&](const ChildEnv& env) -> std::string {
                           ncclComm_t comm = init(id, nranks, env.rank);
                           if (comm == nullptr) return "init=failed msg=" + last_error();
