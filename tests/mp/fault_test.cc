@@ -108,10 +108,11 @@ struct Children {
   auto end() const { return list.end(); }
 };
 
-// What a child sees: its rank, and where to say it is ready.
+// What a child sees: its rank, the communicator's id, and where to say it is ready.
 struct ChildEnv {
   int rank = 0;
   int ready_fd = -1;
+  ncclUniqueId id{};
   void ready() const {
     char c = 1;
     [[maybe_unused]] ssize_t n = write(ready_fd, &c, 1);
@@ -122,30 +123,61 @@ using Body = std::function<std::string(const ChildEnv&)>;
 
 // Forks `nranks` children running body(rank) with `env` set; the report is what body returns.
 // The caller owns the result; Children's destructor cleans up after a failed test.
+//
+// The children are forked first and the unique id (whose bootstrap root is a thread of this
+// process) is created afterwards and handed to them over a pipe: a fork while that thread
+// authenticates a rank is safe for Chorus itself (common/fork_safe_mutex.h), but not under
+// GCC 12's ASan, whose allocator has no fork handlers (a child forked while the root thread
+// allocates can hang).
 void spawn(Children* children, int nranks, const std::vector<std::string>& env, const Body& body) {
   children->list.resize(nranks);
+  std::vector<int> id_fds(nranks, -1);
   for (int r = 0; r < nranks; ++r) {
-    int report[2], ready[2];
+    int report[2], ready[2], id_pipe[2];
     REQUIRE(pipe2(report, O_CLOEXEC) == 0);
     REQUIRE(pipe2(ready, O_CLOEXEC) == 0);
+    REQUIRE(pipe2(id_pipe, O_CLOEXEC) == 0);
     fflush(nullptr);
     pid_t pid = fork();
     REQUIRE(pid >= 0);
     if (pid == 0) {
       close(report[0]);
       close(ready[0]);
+      close(id_pipe[1]);
+      ChildEnv child{r, ready[1], {}};
+      size_t got = 0;
+      while (got < sizeof(child.id)) {
+        pollfd p{id_pipe[0], POLLIN, 0};
+        if (poll(&p, 1, 60000) != 1) _exit(3);
+        ssize_t n = read(id_pipe[0], reinterpret_cast<char*>(&child.id) + got,
+                         sizeof(child.id) - got);
+        if (n <= 0) _exit(3);  // the test failed before handing out the id
+        got += static_cast<size_t>(n);
+      }
+      close(id_pipe[0]);
       for (const std::string& kv : env) putenv(strdup(kv.c_str()));
       ncclResetDebugInit();  // parameters are read again, with this environment
-      std::string out = body(ChildEnv{r, ready[1]}) + "\n";
+      std::string out = body(child) + "\n";
       [[maybe_unused]] ssize_t n = write(report[1], out.data(), out.size());
       _exit(0);
     }
     close(report[1]);
     close(ready[1]);
+    close(id_pipe[0]);
+    id_fds[r] = id_pipe[1];
     children->list[r].pid = pid;
     children->list[r].report_fd = report[0];
     children->list[r].ready_fd = ready[0];
   }
+  ncclUniqueId id;
+  ncclResult_t created = ncclGetUniqueId(&id);
+  for (int fd : id_fds) {
+    if (created == ncclSuccess) {
+      [[maybe_unused]] ssize_t n = write(fd, &id, sizeof(id));
+    }
+    close(fd);
+  }
+  REQUIRE(created == ncclSuccess);
 }
 
 bool wait_ready(const Child& c, int timeout_ms) {
@@ -291,13 +323,11 @@ ncclComm_t init(const ncclUniqueId& id, int nranks, int rank) {
 // with ncclRemoteError, then shrink and go on.
 void kill_during_allreduce(const char* transport) {
   const int nranks = 4, victim = 2;
-  ncclUniqueId id;
-  REQUIRE(ncclGetUniqueId(&id) == ncclSuccess);
   Children children;
   spawn(&children, nranks,
       {fmt::format("CHORUS_TRANSPORT={}", transport), "CHORUS_TIMEOUT_MS=60000"},
       [&](const ChildEnv& env) -> std::string {
-        ncclComm_t comm = init(id, nranks, env.rank);
+        ncclComm_t comm = init(env.id, nranks, env.rank);
         if (comm == nullptr) return "init=failed msg=" + last_error();
         Outcome o = allreduce_until_failure(comm, env, 1 << 30);
         ncclResult_t async = ncclSuccess;
@@ -358,12 +388,10 @@ TEST_CASE("SIGKILL during AllReduce over TCP: survivors fail fast, shrink, go on
 TEST_CASE("a frozen peer (SIGSTOP) fails the others at the timeout, naming it", "[mp][fault]") {
   const int nranks = 3, victim = 1;
   const int timeout_ms = 1500;
-  ncclUniqueId id;
-  REQUIRE(ncclGetUniqueId(&id) == ncclSuccess);
   Children children;
   spawn(&children, nranks, {"CHORUS_TRANSPORT=SHM", fmt::format("CHORUS_TIMEOUT_MS={}", timeout_ms)},
                         [&](const ChildEnv& env) -> std::string {
-                          ncclComm_t comm = init(id, nranks, env.rank);
+                          ncclComm_t comm = init(env.id, nranks, env.rank);
                           if (comm == nullptr) return "init=failed msg=" + last_error();
                           Outcome o = allreduce_until_failure(comm, env, 1 << 30);
                           char recorder[8192];
@@ -412,8 +440,6 @@ TEST_CASE("a frozen peer (SIGSTOP) fails the others at the timeout, naming it", 
 TEST_CASE("ncclCommAbort from another thread ends a blocked collective and frees everything",
           "[mp][fault]") {
   const int nranks = 2;
-  ncclUniqueId id;
-  REQUIRE(ncclGetUniqueId(&id) == ncclSuccess);
   Children children;
   spawn(&children, nranks, {"CHORUS_TRANSPORT=SHM"}, [&](const ChildEnv& env) -> std::string {
     // Process-wide resources (progress thread, doorbell) come with the first comm; count ours
@@ -426,7 +452,7 @@ TEST_CASE("ncclCommAbort from another thread ends a blocked collective and frees
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
     int fds_before = count_entries("/proc/self/fd");
     int threads_before = count_entries("/proc/self/task");
-    ncclComm_t comm = init(id, nranks, env.rank);
+    ncclComm_t comm = init(env.id, nranks, env.rank);
     if (comm == nullptr) return "init=failed msg=" + last_error();
     if (env.rank == 1) {  // never joins the collective; waits until its peer is done
       env.ready();
@@ -478,12 +504,10 @@ TEST_CASE("ncclCommAbort from another thread ends a blocked collective and frees
 TEST_CASE("mismatched collectives fail with ncclInvalidUsage naming both calls", "[mp][fault]") {
   for (const char* transport : {"SHM", "TCP"}) {
     const int nranks = 2;
-    ncclUniqueId id;
-    REQUIRE(ncclGetUniqueId(&id) == ncclSuccess);
     Children children;
   spawn(&children, nranks, {fmt::format("CHORUS_TRANSPORT={}", transport)},
                           [&](const ChildEnv& env) -> std::string {
-                            ncclComm_t comm = init(id, nranks, env.rank);
+                            ncclComm_t comm = init(env.id, nranks, env.rank);
                             if (comm == nullptr) return "init=failed msg=" + last_error();
                             std::vector<float> buf(2048, 1.0f);
                             ncclResult_t r =
@@ -514,12 +538,10 @@ TEST_CASE("mismatched collectives fail with ncclInvalidUsage naming both calls",
 TEST_CASE("different counts or datatypes at the same sequence number are caught",
           "[mp][fault]") {
   const int nranks = 3;
-  ncclUniqueId id;
-  REQUIRE(ncclGetUniqueId(&id) == ncclSuccess);
   Children children;
   spawn(&children, nranks, {"CHORUS_TRANSPORT=SHM", "CHORUS_TIMEOUT_MS=30000"},
                         [&](const ChildEnv& env) -> std::string {
-                          ncclComm_t comm = init(id, nranks, env.rank);
+                          ncclComm_t comm = init(env.id, nranks, env.rank);
                           if (comm == nullptr) return "init=failed msg=" + last_error();
                           std::vector<int32_t> buf(4096, 1);
                           // Call 0 agrees; call 1: rank 2 passes int32 where the others say

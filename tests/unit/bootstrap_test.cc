@@ -395,6 +395,12 @@ TEST_CASE("a forked child does not inherit root servers", "[unit][bootstrap]") {
 // and exit.
 TEST_CASE("children forked while another thread authenticates do not hang",
           "[unit][bootstrap]") {
+#if defined(__SANITIZE_ADDRESS__)
+  // GCC 12's ASan allocator has no fork handlers: a child forked while the busy thread is inside
+  // malloc hangs in ASan itself (seen in the ASan stage), which says nothing about Chorus.
+  WARN("not run under ASan: its allocator is not fork-safe");
+  return;
+#endif
   const Secret key = Secret::random();
   std::atomic<bool> stop{false};
   std::thread busy([&] {
