@@ -7,6 +7,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -427,6 +428,47 @@ TEST_CASE("shm: a closing peer delivers what it sent, then pending receives fail
   REQUIRE_THAT(g.get(1, 0)->error().message(),
                Catch::Contains(fmt::format("rank 0 (pid {}) closed", getpid())) &&
                    Catch::Contains("Send #2"));
+}
+
+// A message by reference is read straight from the sender's memory. A sender whose operation
+// failed stops waiting for the reader and may free the buffer (seen in the SIGKILL fault test: a
+// survivor freed its buffer while another survivor still read it): the reader fails with a
+// remote error naming the sender, not a system error.
+TEST_CASE("shm: a sender's buffer that disappears mid-read is the sender's failure",
+          "[unit][shm]") {
+  Group g = connect_group(2);
+  const size_t bytes = 4 << 20;  // by reference (CHORUS_SHM_CMA_BYTES is 64 KiB), several pieces
+  void* mem = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  REQUIRE(mem != MAP_FAILED);
+  std::memset(mem, 7, bytes);
+  std::vector<uint8_t> got(bytes);
+  RecvRequest v;
+  v.dst = got.data();
+  v.bytes = bytes;
+  v.tag = tag_for(1, bytes, 0);
+  g.get(1, 0)->post_recv(&v);
+  g.get(1, 0)->progress();  // the reader checks that it can read its peer's memory
+  SendRequest s;
+  s.buf = mem;
+  s.bytes = bytes;
+  s.tag = v.tag;
+  g.get(0, 1)->post_send(&s);
+  for (int i = 0; i < 100 && v.bytes_done.load() == 0; ++i) {
+    g.get(0, 1)->progress();
+    g.get(1, 0)->progress();  // reads the first piece (256 KiB) per call
+  }
+  REQUIRE(v.bytes_done.load() > 0);
+  REQUIRE(v.bytes_done.load() < bytes);
+  REQUIRE(munmap(mem, bytes) == 0);  // the sender gave up and freed it
+  REQUIRE(drive({g.get(1, 0)}, {&v}) != "");
+  REQUIRE(v.failed());
+  INFO(g.get(1, 0)->error().to_string());
+  CHECK(g.get(1, 0)->error().code() == Code::kRemoteError);
+  CHECK_THAT(g.get(1, 0)->error().message(),
+             Catch::Contains(fmt::format("rank 0 (pid {})", getpid())) &&
+                 Catch::Contains("its buffer is gone") && Catch::Contains("Send #1"));
+  g.conns[0].clear();  // the sender's pending send fails with its connection
+  CHECK(s.failed());
 }
 
 TEST_CASE("shm: setup errors name the peer", "[unit][shm]") {

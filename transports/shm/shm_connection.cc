@@ -302,11 +302,24 @@ bool ShmConnection::read_by_reference(RecvRequest* req, uint64_t* budget) {
     ssize_t got = process_vm_readv(peer_pid_, &local, 1, &remote, 1, 0);
     if (got <= 0) {
       int err = errno;
-      fail_all(err == ESRCH ? remote_error("rank {} (pid {}) exited while rank {} was reading {} "
-                                           "({} of {} bytes done)", peer(), peer_pid_, self_rank_,
-                                           describe_tag(req->tag), ref_done_, req->bytes)
-                            : system_error(err, fmt::format("process_vm_readv from rank {} (pid {})",
-                                                            peer(), peer_pid_)));
+      if (err == ESRCH) {
+        fail_all(remote_error("rank {} (pid {}) exited while rank {} was reading {} ({} of {} "
+                              "bytes done)", peer(), peer_pid_, self_rank_, describe_tag(req->tag),
+                              ref_done_, req->bytes));
+      } else if (err == EFAULT) {
+        // The sender keeps its buffer until we say we are done, unless it gave up: its
+        // operation failed (its connections close, possibly after it freed the buffer).
+        bool closed = recv_.control->producer_closed.load(std::memory_order_acquire) != 0;
+        fail_all(remote_error("rank {} (pid {}) {} while rank {} was reading {} from its memory "
+                              "({} of {} bytes done; its buffer is gone)", peer(), peer_pid_,
+                              closed ? fmt::format("closed its shared-memory connection (channel "
+                                                   "{})", channel())
+                                     : std::string("gave up on the message"),
+                              self_rank_, describe_tag(req->tag), ref_done_, req->bytes));
+      } else {
+        fail_all(system_error(err, fmt::format("process_vm_readv from rank {} (pid {})", peer(),
+                                               peer_pid_)));
+      }
       return false;
     }
     n = static_cast<uint64_t>(got);
