@@ -251,8 +251,12 @@ bool Comm::collect_poll_fds(std::vector<pollfd>* fds) const {
 
 Status Comm::check_stuck(Op& op) {
   const int64_t now = now_ns();
-  if (Status dead = peer_watch_.check(now); !dead.ok()) {
-    return remote_error("rank {}: {}{}", rank(), dead.message(), waiting_summary(op));
+  if (peer_watch_.due(now) && op.fibers) {
+    waited_for_.clear();
+    for (const Request* r : op.fibers->waiting_requests()) waited_for_.push_back(r->peer);
+    if (Status dead = peer_watch_.check_now(waited_for_); !dead.ok()) {
+      return remote_error("rank {}: {}{}", rank(), dead.message(), waiting_summary(op));
+    }
   }
   const int64_t timeout_ms = params::kTimeoutMs.get();
   const int64_t idle_ns = now - op.last_progress_ns;

@@ -204,6 +204,7 @@ class Comm : public std::enable_shared_from_this<Comm> {
 
   FlightRecorder recorder_;
   PeerWatch peer_watch_;             // drive lock: same-host peer processes (set at setup)
+  std::vector<int> waited_for_;      // drive lock: scratch of check_stuck()
   std::vector<Connection*> active_;  // drive lock
   Op* current_ = nullptr;            // drive lock: the queue's head, once seen
   struct ChoiceSlot {

@@ -5,6 +5,7 @@
 #include <signal.h>
 #include <sys/syscall.h>
 
+#include <algorithm>
 #include <cerrno>
 
 #include "common/clock.h"
@@ -39,18 +40,24 @@ void PeerWatch::add(int rank, int pid, std::string who) {
   procs_.push_back(std::move(p));
 }
 
-Status PeerWatch::check(int64_t now) {
-  if (procs_.empty() || now < next_ns_) return Status();
+bool PeerWatch::due(int64_t now) {
+  if (procs_.empty() || now < next_ns_) return false;
   next_ns_ = now + params::kLivenessMs.get() * 1000000;
-  return check_now();
+  return true;
 }
 
-Status PeerWatch::check_now() {
+Status PeerWatch::check_now(std::span<const int> waited_for) {
+  auto relevant = [&](const Proc& p) {
+    return std::any_of(p.ranks.begin(), p.ranks.end(), [&](int r) {
+      return std::find(waited_for.begin(), waited_for.end(), r) != waited_for.end();
+    });
+  };
   fds_.clear();
-  for (const Proc& p : procs_) fds_.push_back(pollfd{p.pidfd.get(), POLLIN, 0});
+  for (const Proc& p : procs_) fds_.push_back(pollfd{relevant(p) ? p.pidfd.get() : -1, POLLIN, 0});
   int ready = ::poll(fds_.data(), fds_.size(), 0);  // negative fds are skipped
   for (size_t i = 0; i < procs_.size(); ++i) {
     const Proc& p = procs_[i];
+    if (!relevant(p)) continue;
     bool gone = p.pidfd.valid() ? ready > 0 && (fds_[i].revents & (POLLIN | POLLHUP)) != 0
                                 : ::kill(p.pid, 0) != 0 && errno == ESRCH;
     if (!gone) continue;

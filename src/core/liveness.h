@@ -10,6 +10,7 @@
 
 #include <poll.h>
 
+#include <span>
 #include <string>
 #include <vector>
 
@@ -24,11 +25,14 @@ class PeerWatch {
   // process; it is watched once. Without pidfd support the rank is checked with kill(pid, 0).
   void add(int rank, int pid, std::string who);
   bool empty() const { return procs_.empty(); }
-  // At most every CHORUS_LIVENESS_MS (cheap to call on every idle pass): kRemoteError naming
-  // the ranks, host and pid of a process that has exited; OK otherwise.
-  Status check(int64_t now_ns);
-  // Checks now, whatever the interval.
-  Status check_now();
+  // True at most every CHORUS_LIVENESS_MS (cheap to call on every idle pass): time for
+  // check_now(); the interval restarts.
+  bool due(int64_t now_ns);
+  // kRemoteError naming the ranks, host and pid of a process that has exited and runs one of
+  // `waited_for` (the peers an operation waits for); OK otherwise. A peer that finished its part
+  // of the work and exited is no failure: its neighbours that still wait for it notice, and
+  // their failure reaches the others by farewell frames.
+  Status check_now(std::span<const int> waited_for);
 
  private:
   struct Proc {
