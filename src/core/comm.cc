@@ -108,7 +108,7 @@ Status Comm::enqueue(const std::shared_ptr<Op>& op) {
       c.tag.redop = 0;
     }
   }
-  op->record_id = recorder_.queued(op->describe_detailed(), op->bytes());
+  op->record_id = recorder_.queued(op->summary());
   std::lock_guard<std::mutex> lock(queue_mutex_);
   queue_.push_back(op);
   return Status();
@@ -140,7 +140,7 @@ bool Comm::advance() {
       continue;
     }
     if (moved) {
-      op->last_progress_ns = now_ns();
+      op->last_progress_ns = now_coarse_ns();
       progressed = true;
     } else if (aborting()) {
       finish_op(*op, remote_error("{} was aborted during {}{}", describe(), op->describe(),
@@ -159,7 +159,7 @@ bool Comm::advance() {
 
 Status Comm::start_op(Op& op) {
   op.started = true;
-  op.last_progress_ns = now_ns();
+  op.last_progress_ns = now_coarse_ns();
   if (aborting()) return remote_error("{} was aborted before {}", describe(), op.describe());
   if (failed_.load(std::memory_order_acquire)) {
     std::lock_guard<std::mutex> lock(status_mutex_);
@@ -250,7 +250,7 @@ bool Comm::collect_poll_fds(std::vector<pollfd>* fds) const {
 }
 
 Status Comm::check_stuck(Op& op) {
-  const int64_t now = now_ns();
+  const int64_t now = now_coarse_ns();
   if (peer_watch_.due(now) && op.fibers) {
     waited_for_.clear();
     for (const Request* r : op.fibers->waiting_requests()) waited_for_.push_back(r->peer);

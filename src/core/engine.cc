@@ -24,15 +24,16 @@ inline void cpu_relax() { __builtin_ia32_pause(); }
 
 void Idler::idle(const std::function<bool()>& retry,
                  const std::function<bool(std::vector<pollfd>*)>& collect) {
-  int64_t now = now_ns();
   if (idle_since_ns_ == 0) {
-    idle_since_ns_ = now;
+    idle_since_ns_ = now_ns();
     spins_ = 0;
   }
-  if (now - idle_since_ns_ < params::kSpinUs.get() * 1000) {
+  // A clock read costs as much as a few polls: the spin phase looks at it every 8th time.
+  ++spins_;
+  if (spins_ % 8 != 0 || now_ns() - idle_since_ns_ < params::kSpinUs.get() * 1000) {
     // More ranks than cores: the peer we wait for may need this very core, so give it up on
     // every poll; otherwise spin, yielding now and then.
-    if (ProcessContext::get().oversubscribed() || ++spins_ % 32 == 0) {
+    if (ProcessContext::get().oversubscribed() || spins_ % 32 == 0) {
       sched_yield();
     } else {
       for (int i = 0; i < 8; ++i) cpu_relax();

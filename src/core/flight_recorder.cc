@@ -7,38 +7,43 @@
 
 namespace chorus {
 
-uint64_t FlightRecorder::queued(std::string what, size_t bytes) {
+uint64_t FlightRecorder::queued(const OpSummary& what) {
   if (capacity_ == 0) return 0;
+  const int64_t now = now_ns();
   std::lock_guard<std::mutex> lock(mutex_);
-  if (entries_.size() == capacity_) entries_.pop_front();
-  Entry e;
+  if (ring_.size() < capacity_) ring_.emplace_back();
+  Entry& e = slot(next_id_);
   e.id = next_id_++;
-  e.what = std::move(what);
-  e.bytes = bytes;
-  e.queued_ns = now_ns();
-  entries_.push_back(std::move(e));
-  return entries_.back().id;
+  e.what = what;
+  e.queued_ns = now;
+  e.started_ns = e.ended_ns = 0;
+  e.state = State::kQueued;
+  e.detail.clear();
+  return e.id;
 }
 
 FlightRecorder::Entry* FlightRecorder::find(uint64_t id) {
-  if (id == 0 || entries_.empty() || id < entries_.front().id) return nullptr;
-  size_t index = id - entries_.front().id;  // ids are consecutive
-  return index < entries_.size() ? &entries_[index] : nullptr;
+  if (id == 0 || id >= next_id_ || next_id_ - id > capacity_) return nullptr;
+  return &slot(id);
 }
 
 void FlightRecorder::started(uint64_t id) {
+  if (id == 0) return;
+  const int64_t now = now_ns();
   std::lock_guard<std::mutex> lock(mutex_);
   if (Entry* e = find(id)) {
     e->state = State::kRunning;
-    e->started_ns = now_ns();
+    e->started_ns = now;
   }
 }
 
 void FlightRecorder::finished(uint64_t id, const Status& status) {
+  if (id == 0) return;
+  const int64_t now = now_ns();
   std::lock_guard<std::mutex> lock(mutex_);
   if (Entry* e = find(id)) {
     e->state = status.ok() ? State::kDone : State::kFailed;
-    e->ended_ns = now_ns();
+    e->ended_ns = now;
     if (!status.ok()) {
       std::string why = status.to_string();
       e->detail = e->detail.empty() ? why : fmt::format("{}; {}", e->detail, why);
@@ -55,9 +60,11 @@ std::string FlightRecorder::dump(const std::string& owner) const {
   std::lock_guard<std::mutex> lock(mutex_);
   const int64_t now = now_ns();
   auto ms = [](int64_t ns) { return static_cast<double>(ns) / 1e6; };
+  const uint64_t first = next_id_ > capacity_ ? next_id_ - capacity_ : 1;
   std::string out = fmt::format("flight recorder of {}: {} operation(s), oldest first", owner,
-                                entries_.size());
-  for (const Entry& e : entries_) {
+                                next_id_ - first);
+  for (uint64_t id = first; id < next_id_; ++id) {
+    const Entry& e = ring_[(id - 1) % capacity_];
     const char* state = e.state == State::kQueued    ? "queued"
                         : e.state == State::kRunning ? "running"
                         : e.state == State::kDone    ? "done"
@@ -72,7 +79,8 @@ std::string FlightRecorder::dump(const std::string& owner) const {
                            ms(e.ended_ns - (e.started_ns ? e.started_ns : e.queued_ns)),
                            ms(now - e.ended_ns));
     }
-    out += fmt::format("\n  [{}] {} {}, {} bytes: {}", e.id, state, e.what, e.bytes, timing);
+    out += fmt::format("\n  [{}] {} {}, {} bytes: {}", e.id, state, e.what.describe(true),
+                       e.what.bytes, timing);
     if (!e.detail.empty()) out += fmt::format("; {}", e.detail);
   }
   return out;

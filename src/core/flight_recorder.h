@@ -9,11 +9,12 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <deque>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "common/status.h"
+#include "core/op_summary.h"
 
 namespace chorus {
 
@@ -23,7 +24,7 @@ class FlightRecorder {
 
   // Returns the entry's id (0 when recording is off); later calls with an id that has been
   // dropped from the window do nothing.
-  uint64_t queued(std::string what, size_t bytes);
+  uint64_t queued(const OpSummary& what);
   void started(uint64_t id);
   void finished(uint64_t id, const Status& status);
   // What the operation is still waiting for ("rank 2 (host h, pid 7): receive 0 of 64 bytes").
@@ -36,17 +37,20 @@ class FlightRecorder {
   enum class State { kQueued, kRunning, kDone, kFailed };
   struct Entry {
     uint64_t id = 0;
-    std::string what;
-    size_t bytes = 0;
+    OpSummary what;
     int64_t queued_ns = 0, started_ns = 0, ended_ns = 0;
     State state = State::kQueued;
     std::string detail;
   };
   Entry* find(uint64_t id);
 
+  Entry& slot(uint64_t id) { return ring_[(id - 1) % capacity_]; }
+
+  // The last capacity_ entries, entry `id` in slot (id - 1) % capacity_; the ring grows to its
+  // capacity, then queuing reuses a slot (and its strings' buffers) instead of allocating.
   const size_t capacity_;
   mutable std::mutex mutex_;
-  std::deque<Entry> entries_;
+  std::vector<Entry> ring_;
   uint64_t next_id_ = 1;
 };
 

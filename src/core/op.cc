@@ -7,30 +7,47 @@
 
 namespace chorus {
 
-std::string Op::describe() const {
-  if (is_host_fn()) return "host function";
-  if (is_internal()) return internal_;
-  if (p2p_batch_) {
-    size_t sends = 0;
-    for (const auto& c : calls_) sends += c.kind == CollKind::kSend ? 1 : 0;
-    return fmt::format("group of {} sends and {} receives", sends, calls_.size() - sends);
+OpSummary Op::summary() const {
+  OpSummary out;
+  out.bytes = bytes();
+  out.ncalls = calls_.size();
+  if (is_host_fn()) {
+    out.kind = OpSummary::Kind::kHostFn;
+  } else if (is_internal()) {
+    out.kind = OpSummary::Kind::kInternal;
+    out.internal = internal_;
+  } else {
+    out.kind = p2p_batch_ ? OpSummary::Kind::kP2p : OpSummary::Kind::kCollective;
   }
-  return describe_tag(calls_.front().tag);
+  for (size_t i = 0; i < calls_.size(); ++i) {
+    const CollCall& c = calls_[i];
+    bool send = c.kind == CollKind::kSend;
+    out.nsends += send ? 1 : 0;
+    if (i < out.calls.size()) out.calls[i] = {c.tag, send ? c.root : c.tag.root, send};
+  }
+  return out;
 }
 
-std::string Op::describe_detailed() const {
-  if (!p2p_batch_) return describe();
-  std::string text = describe() + ":";
-  size_t shown = 0;
-  for (const auto& c : calls_) {
-    if (++shown > 8) {
-      text += fmt::format(" ... ({} more)", calls_.size() - 8);
+std::string OpSummary::describe(bool detailed) const {
+  switch (kind) {
+    case Kind::kHostFn:
+      return "host function";
+    case Kind::kInternal:
+      return internal;
+    case Kind::kCollective:
+      return describe_tag(calls[0].tag);
+    case Kind::kP2p:
       break;
-    }
-    bool send = c.kind == CollKind::kSend;
-    text += fmt::format(" {} {} #{} ({} x {})", send ? "send to" : "receive from",
-                        send ? c.root : c.tag.root, c.tag.seq, c.count, datatype_name(c.dtype));
   }
+  std::string text = fmt::format("group of {} sends and {} receives", nsends, ncalls - nsends);
+  if (!detailed) return text;
+  text += ":";
+  for (size_t i = 0; i < ncalls && i < calls.size(); ++i) {
+    const Call& c = calls[i];
+    text += fmt::format(" {} {} #{} ({} x {})", c.send ? "send to" : "receive from", c.peer,
+                        c.tag.seq, c.tag.count, datatype_name(static_cast<DataType>(c.tag.dtype)));
+  }
+  if (ncalls > calls.size()) text += fmt::format(" ... ({} more)", ncalls - calls.size());
   return text;
 }
 

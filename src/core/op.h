@@ -14,6 +14,7 @@
 
 #include "common/dtype.h"
 #include "common/status.h"
+#include "core/op_summary.h"
 #include "core/task.h"
 #include "kernels/reduce/reduce.h"
 #include "transports/transport.h"
@@ -64,9 +65,9 @@ class Op {
   const Body& body() const { return body_; }
   void run_host_fn() { host_fn_(); }
   // "AllReduce #12 (count 1024, float, sum)" or "group of 3 sends/receives".
-  std::string describe() const;
-  // describe() plus the peers of a send/receive group, for the flight recorder.
-  std::string describe_detailed() const;
+  std::string describe() const { return summary().describe(false); }
+  // What the flight recorder keeps (valid once queued: it reads the calls' tags).
+  OpSummary summary() const;
   // count x datatype size, summed over the calls (what the flight recorder shows).
   size_t bytes() const;
 
@@ -85,7 +86,7 @@ class Op {
 
   // Execution state, touched only by the thread holding the comm's drive lock.
   std::optional<FiberSet> fibers;
-  int64_t last_progress_ns = 0;
+  int64_t last_progress_ns = 0;  // now_coarse_ns()
   bool started = false;
   uint64_t record_id = 0;  // its entry in the comm's flight recorder
 
