@@ -26,6 +26,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/params.h"
 #include "core/process.h"
 #include "kernels/fp8/convert.h"
 #include "kernels/reduce/reduce.h"
@@ -436,8 +437,12 @@ TEST_CASE("shm: a closing peer delivers what it sent, then pending receives fail
 // remote error naming the sender, not a system error.
 TEST_CASE("shm: a sender's buffer that disappears mid-read is the sender's failure",
           "[unit][shm]") {
+  setenv("CHORUS_SHM_CMA_BYTES", "65536", 1);  // reads by reference (off by default)
+  params::reload_for_testing();
   Group g = connect_group(2);
-  const size_t bytes = 4 << 20;  // by reference (CHORUS_SHM_CMA_BYTES is 64 KiB), several pieces
+  unsetenv("CHORUS_SHM_CMA_BYTES");
+  params::reload_for_testing();
+  const size_t bytes = 4 << 20;  // by reference, several pieces
   void* mem = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   REQUIRE(mem != MAP_FAILED);
   std::memset(mem, 7, bytes);
