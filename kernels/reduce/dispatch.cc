@@ -3,6 +3,7 @@
 // Chooses the kernel table once, from the CPU's features and CHORUS_KERNELS; exposes the tables
 // by name for tests and benchmarks.
 #include <cctype>
+#include <cstring>
 #include <string_view>
 
 #if defined(__x86_64__)
@@ -83,6 +84,19 @@ const KernelTable& kernels() {
     return t;
   }();
   return table;
+}
+
+uint64_t stream_copy_min_bytes() {
+  const int64_t threshold = params::kStreamCopyBytes.get();
+  return threshold > 0 ? static_cast<uint64_t>(threshold) : UINT64_MAX;
+}
+
+void copy_to_output(void* dst, const void* src, size_t bytes) {
+  if (bytes >= stream_copy_min_bytes()) {
+    kernels().stream_copy(dst, src, bytes);
+  } else if (bytes != 0) {
+    std::memcpy(dst, src, bytes);
+  }
 }
 
 }  // namespace chorus::kernels

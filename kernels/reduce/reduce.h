@@ -47,6 +47,10 @@ struct KernelTable {
   DivideFn divide[kNumDataTypes];
   ReduceCopyFn reduce_copy[kNumDataTypes][kNumReduceOps];
   CopyFn copy;
+  // memcpy semantics, but the destination's lines bypass the caches (non-temporal stores,
+  // ordered by a store fence before returning): for large copies into memory that is not read
+  // again soon, it saves reading every destination line before overwriting it.
+  CopyFn stream_copy;
   ConvertFn to_float[kNumDataTypes];
   ConvertFn from_float[kNumDataTypes];
 };
@@ -76,5 +80,13 @@ inline ReduceCopyFn reduce_copy_fn(DataType t, ReduceOp op) {
   return kernels().reduce_copy[static_cast<int>(t)][static_cast<int>(op)];
 }
 inline CopyFn copy_fn() { return kernels().copy; }
+
+inline CopyFn stream_copy_fn() { return kernels().stream_copy; }
+
+// Copies into a user's output buffer (a collective's result, a received payload): with
+// streaming stores from stream_copy_min_bytes() up, memcpy below.
+void copy_to_output(void* dst, const void* src, size_t bytes);
+// CHORUS_STREAM_COPY_BYTES, or UINT64_MAX when it is 0 (off).
+uint64_t stream_copy_min_bytes();
 
 }  // namespace chorus::kernels

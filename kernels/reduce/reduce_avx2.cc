@@ -436,11 +436,38 @@ void copy_bytes(void* dst, const void* src, size_t bytes) {
   if (bytes != 0) std::memcpy(dst, src, bytes);
 }
 
+__attribute__((target("avx2"))) void stream_copy_bytes(void* dst, const void* src,
+                                                       size_t bytes) {
+  auto* d = static_cast<unsigned char*>(dst);
+  const auto* s = static_cast<const unsigned char*>(src);
+  // Up to 32-byte alignment of the destination with an ordinary copy, then 128 bytes per step.
+  size_t head = (32 - reinterpret_cast<uintptr_t>(d) % 32) % 32;
+  if (head > bytes) head = bytes;
+  if (head != 0) std::memcpy(d, s, head);
+  d += head;
+  s += head;
+  bytes -= head;
+  for (; bytes >= 128; d += 128, s += 128, bytes -= 128) {
+    __m256i v0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s));
+    __m256i v1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + 32));
+    __m256i v2 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + 64));
+    __m256i v3 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + 96));
+    _mm256_stream_si256(reinterpret_cast<__m256i*>(d), v0);
+    _mm256_stream_si256(reinterpret_cast<__m256i*>(d + 32), v1);
+    _mm256_stream_si256(reinterpret_cast<__m256i*>(d + 64), v2);
+    _mm256_stream_si256(reinterpret_cast<__m256i*>(d + 96), v3);
+  }
+  if (bytes != 0) std::memcpy(d, s, bytes);
+  // Streaming stores are weakly ordered: fence them before whatever publishes the data.
+  _mm_sfence();
+}
+
 KernelTable make_avx2_table() {
   using simd::fill_type;
   KernelTable table{};
   table.isa = "avx2";
   table.copy = copy_bytes;
+  table.stream_copy = stream_copy_bytes;
   fill_type<avx2::IntCodec<int8_t>>(table, DataType::kInt8);
   fill_type<avx2::IntCodec<uint8_t>>(table, DataType::kUint8);
   fill_type<avx2::IntCodec<int32_t>>(table, DataType::kInt32);

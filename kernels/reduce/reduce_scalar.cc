@@ -175,6 +175,7 @@ KernelTable make_scalar_table() {
   KernelTable table{};
   table.isa = "scalar";
   table.copy = copy_bytes;
+  table.stream_copy = copy_bytes;
   fill<Plain<int8_t>>(table, DataType::kInt8);
   fill<Plain<uint8_t>>(table, DataType::kUint8);
   fill<Plain<int32_t>>(table, DataType::kInt32);

@@ -91,5 +91,8 @@ struct PowerOfTwoFold {
 
 // Copies `bytes` unless source and destination are the same.
 void copy_if_needed(void* dst, const void* src, size_t bytes);
+// The same for a copy that is part of the collective's result (not read again by it): large
+// ones bypass the caches (kernels::copy_to_output).
+void copy_result_if_needed(void* dst, const void* src, size_t bytes);
 
 }  // namespace chorus::algo

@@ -11,7 +11,7 @@ Task all_gather_direct(OpContext& ctx, Args a) {
   const int n = ctx.nranks(), r = ctx.rank();
   const size_t block = a.count * a.elem_size;
   if (block == 0) co_return Status();
-  copy_if_needed(a.out + r * block, a.in, block);
+  copy_result_if_needed(a.out + r * block, a.in, block);
   RequestArray<SendRequest> sends(n);
   RequestArray<RecvRequest> recvs(n);
   for (int k = 1; k < n; ++k) {

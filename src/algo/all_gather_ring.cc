@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "algo/algo.h"
+#include "kernels/reduce/reduce.h"
 
 namespace chorus::algo {
 
@@ -11,7 +12,7 @@ Task all_gather_ring(OpContext& ctx, Args a) {
   const int n = ctx.nranks(), r = ctx.rank();
   const size_t bytes = a.count * a.elem_size;  // one block (count = sendcount)
   if (bytes == 0) co_return Status();
-  if (a.out + r * bytes != a.in) std::memcpy(a.out + r * bytes, a.in, bytes);
+  if (a.out + r * bytes != a.in) kernels::copy_to_output(a.out + r * bytes, a.in, bytes);
   const int next = mod(r + 1, n), prev = mod(r - 1, n);
   for (int s = 0; s < n - 1; ++s) {
     int sb = mod(r - s, n), rb = mod(r - s - 1, n);

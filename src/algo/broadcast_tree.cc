@@ -11,7 +11,7 @@ Task broadcast_tree(OpContext& ctx, Args a) {
   const size_t bytes = a.count * a.elem_size;
   if (bytes == 0) co_return Status();
   const int v = mod(r - a.root, n);
-  if (v == 0) copy_if_needed(a.out, a.in, bytes);
+  if (v == 0) copy_result_if_needed(a.out, a.in, bytes);
   if (n == 1) co_return Status();
   int mask = 1;
   while (mask < n) {

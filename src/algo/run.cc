@@ -8,6 +8,7 @@
 #include "algo/tuner.h"
 #include "common/log.h"
 #include "core/comm.h"
+#include "kernels/reduce/reduce.h"
 
 namespace chorus::algo {
 
@@ -36,6 +37,10 @@ size_t send_elements(const CollCall& c, int nranks) {
 
 void copy_if_needed(void* dst, const void* src, size_t bytes) {
   if (bytes > 0 && dst != src) std::memcpy(dst, src, bytes);
+}
+
+void copy_result_if_needed(void* dst, const void* src, size_t bytes) {
+  if (dst != src) kernels::copy_to_output(dst, src, bytes);
 }
 
 namespace {

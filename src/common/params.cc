@@ -55,6 +55,12 @@ IntParam kShmCmaBytes("SHM_CMA_BYTES", nullptr, 0, 0, 1ll << 40,
                       "shared-memory messages of at least this many bytes are copied once, "
                       "straight from the sender's memory (process_vm_readv); 0 (default) turns "
                       "it off");
+// From 256 KiB up, streaming stores were 1.4-1.7x faster for AllGather, AlltoAll and Broadcast
+// over shared memory (2 ranks, 1-128 MiB, bench/coll with 128 MiB buffers).
+IntParam kStreamCopyBytes("STREAM_COPY_BYTES", nullptr, 256 << 10, 0, 1ll << 40,
+                          "copies of at least this many bytes into a user's output buffer use "
+                          "streaming (non-temporal) stores that bypass the caches; 0 turns "
+                          "them off");
 IntParam kTcpBounceBytes("TCP_BOUNCE_BYTES", nullptr, 1 << 20, 4 << 10, 1ll << 30,
                          "staging buffer a TCP receive reduces from");
 
@@ -88,7 +94,7 @@ const std::vector<Param*>& all() {
   static const std::vector<Param*> list = {
       &kDebug,        &kDebugSubsys,   &kDebugFile,    &kSocketIfname, &kSocketFamily,
       &kBootstrapTimeoutMs, &kConnectTimeoutMs, &kHostId, &kTransport, &kNumChannels,
-      &kShmFifoBytes, &kShmCmaBytes,   &kTcpBounceBytes, &kTimeoutMs,   &kSpinUs,       &kLivenessMs,
+      &kShmFifoBytes, &kShmCmaBytes,   &kStreamCopyBytes, &kTcpBounceBytes, &kTimeoutMs,   &kSpinUs,       &kLivenessMs,
       &kFlightRecorderOps, &kCommBlocking,
       &kAlgo,         &kChunkBytes,    &kTuner,        &kTunerFile,   &kKernels,
   };

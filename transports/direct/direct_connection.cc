@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "core/process.h"
+#include "kernels/reduce/reduce.h"
 
 namespace chorus::direct {
 
@@ -75,7 +76,7 @@ bool DirectConnection::consume_one() {
   if (r->reduce != nullptr) {
     if (r->bytes > 0) r->reduce(r->dst, r->src, s->buf, r->bytes / r->elem_size);
   } else if (r->bytes > 0 && r->dst != s->buf) {
-    std::memcpy(r->dst, s->buf, r->bytes);
+    kernels::copy_to_output(r->dst, s->buf, r->bytes);
   }
   in_->sends.pop_front();
   ++in_->finished;

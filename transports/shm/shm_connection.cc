@@ -14,6 +14,7 @@
 #include "common/log.h"
 #include "common/params.h"
 #include "core/process.h"
+#include "kernels/reduce/reduce.h"
 
 namespace chorus::shm {
 
@@ -55,6 +56,7 @@ ShmConnection::ShmConnection(ShmConnectionConfig config)
       keep_alive_(std::move(config.keep_alive)),
       publish_bytes_(publish_bytes_for(config.send_fifo.fifo_bytes)),
       cma_min_bytes_(static_cast<uint64_t>(params::kShmCmaBytes.get())),
+      stream_min_bytes_(kernels::stream_copy_min_bytes()),
       probe_word_(random_u64() | 1) {
   // Publish where the consumer can find a known word of ours, to test process_vm_readv.
   send_.control->probe_value = probe_word_;
@@ -188,6 +190,7 @@ bool ShmConnection::write_front(SendRequest* req, uint64_t* budget) {
     if (n == 0) return false;
     const uint64_t payload_off = send_cursor_ - kFifoAlign;  // < req->bytes
     const uint64_t len = std::min<uint64_t>(n, req->bytes - payload_off);
+    // An ordinary copy: the consumer reads these bytes next, from the cache.
     std::memcpy(send_.data + off, src + payload_off, len);
     send_pos_ += n;
     send_cursor_ += n;
@@ -255,7 +258,11 @@ bool ShmConnection::read_front(RecvRequest* req, uint64_t* budget) {
     if (req->reduce != nullptr) {
       req->reduce(dst + payload_off, src + payload_off, ring, len / req->elem_size);
     } else {
-      std::memcpy(dst + payload_off, ring, len);
+      if (req->bytes >= stream_min_bytes_) {
+        kernels::stream_copy_fn()(dst + payload_off, ring, len);
+      } else {
+        std::memcpy(dst + payload_off, ring, len);
+      }
     }
     recv_pos_ += n;
     recv_cursor_ += n;
