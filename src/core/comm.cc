@@ -108,7 +108,7 @@ Status Comm::enqueue(const std::shared_ptr<Op>& op) {
       c.tag.redop = 0;
     }
   }
-  op->record_id = recorder_.queued(op->summary());
+  op->record_id = recorder_.queued([&](OpSummary* what) { op->summarize(what); });
   std::lock_guard<std::mutex> lock(queue_mutex_);
   queue_.push_back(op);
   return Status();

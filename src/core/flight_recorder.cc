@@ -7,19 +7,15 @@
 
 namespace chorus {
 
-uint64_t FlightRecorder::queued(const OpSummary& what) {
-  if (capacity_ == 0) return 0;
-  const int64_t now = now_ns();
-  std::lock_guard<std::mutex> lock(mutex_);
+FlightRecorder::Entry& FlightRecorder::next_entry() {
   if (ring_.size() < capacity_) ring_.emplace_back();
   Entry& e = slot(next_id_);
   e.id = next_id_++;
-  e.what = what;
-  e.queued_ns = now;
+  e.queued_ns = now_coarse_ns();
   e.started_ns = e.ended_ns = 0;
   e.state = State::kQueued;
   e.detail.clear();
-  return e.id;
+  return e;
 }
 
 FlightRecorder::Entry* FlightRecorder::find(uint64_t id) {
@@ -29,7 +25,7 @@ FlightRecorder::Entry* FlightRecorder::find(uint64_t id) {
 
 void FlightRecorder::started(uint64_t id) {
   if (id == 0) return;
-  const int64_t now = now_ns();
+  const int64_t now = now_coarse_ns();
   std::lock_guard<std::mutex> lock(mutex_);
   if (Entry* e = find(id)) {
     e->state = State::kRunning;
@@ -39,7 +35,7 @@ void FlightRecorder::started(uint64_t id) {
 
 void FlightRecorder::finished(uint64_t id, const Status& status) {
   if (id == 0) return;
-  const int64_t now = now_ns();
+  const int64_t now = now_coarse_ns();
   std::lock_guard<std::mutex> lock(mutex_);
   if (Entry* e = find(id)) {
     e->state = status.ok() ? State::kDone : State::kFailed;
@@ -58,7 +54,7 @@ void FlightRecorder::pending(uint64_t id, std::string waiting) {
 
 std::string FlightRecorder::dump(const std::string& owner) const {
   std::lock_guard<std::mutex> lock(mutex_);
-  const int64_t now = now_ns();
+  const int64_t now = now_coarse_ns();
   auto ms = [](int64_t ns) { return static_cast<double>(ns) / 1e6; };
   const uint64_t first = next_id_ > capacity_ ? next_id_ - capacity_ : 1;
   std::string out = fmt::format("flight recorder of {}: {} operation(s), oldest first", owner,
@@ -71,11 +67,11 @@ std::string FlightRecorder::dump(const std::string& owner) const {
                                                      : "FAILED";
     std::string timing;
     if (e.state == State::kQueued) {
-      timing = fmt::format("queued {:.3f} ms ago", ms(now - e.queued_ns));
+      timing = fmt::format("queued {:.0f} ms ago", ms(now - e.queued_ns));
     } else if (e.state == State::kRunning) {
-      timing = fmt::format("running for {:.3f} ms", ms(now - e.started_ns));
+      timing = fmt::format("running for {:.0f} ms", ms(now - e.started_ns));
     } else {
-      timing = fmt::format("took {:.3f} ms, ended {:.3f} ms ago",
+      timing = fmt::format("took {:.0f} ms, ended {:.0f} ms ago",
                            ms(e.ended_ns - (e.started_ns ? e.started_ns : e.queued_ns)),
                            ms(now - e.ended_ns));
     }

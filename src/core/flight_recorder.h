@@ -4,7 +4,9 @@
 // number, sizes, datatype, op, root or peers), when it was queued, started and ended, how it
 // ended, and which peers it was still waiting for when it failed or timed out. The comm logs
 // the record on a timeout, an abort or an error; chorusCommDumpFlightRecorder returns it.
-// Bounded: CHORUS_FLIGHT_RECORDER_OPS entries (0 turns recording off). Thread-safe.
+// Bounded: CHORUS_FLIGHT_RECORDER_OPS entries (0 turns recording off). Thread-safe. Times come
+// from the coarse clock (the kernel's tick, a few ms): recording costs an 8-byte AllReduce
+// little, and what matters when diagnosing a hang is seconds.
 #pragma once
 
 #include <cstddef>
@@ -22,9 +24,17 @@ class FlightRecorder {
  public:
   explicit FlightRecorder(size_t capacity) : capacity_(capacity) {}
 
-  // Returns the entry's id (0 when recording is off); later calls with an id that has been
-  // dropped from the window do nothing.
-  uint64_t queued(const OpSummary& what);
+  // Records a queued operation, described by `fill(OpSummary*)` (called under the lock, on a
+  // reused entry: it sets every field). Returns the entry's id (0 when recording is off); later
+  // calls with an id that has been dropped from the window do nothing.
+  template <typename Fill>
+  uint64_t queued(const Fill& fill) {
+    if (capacity_ == 0) return 0;
+    std::lock_guard<std::mutex> lock(mutex_);
+    Entry& e = next_entry();
+    fill(&e.what);
+    return e.id;
+  }
   void started(uint64_t id);
   void finished(uint64_t id, const Status& status);
   // What the operation is still waiting for ("rank 2 (host h, pid 7): receive 0 of 64 bytes").
@@ -43,6 +53,7 @@ class FlightRecorder {
     std::string detail;
   };
   Entry* find(uint64_t id);
+  Entry& next_entry();  // the slot of a new entry, reset (mutex_ held)
 
   Entry& slot(uint64_t id) { return ring_[(id - 1) % capacity_]; }
 

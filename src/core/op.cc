@@ -7,25 +7,30 @@
 
 namespace chorus {
 
-OpSummary Op::summary() const {
-  OpSummary out;
-  out.bytes = bytes();
-  out.ncalls = calls_.size();
+void Op::summarize(OpSummary* out) const {
+  out->bytes = bytes();
+  out->ncalls = calls_.size();
+  out->nsends = 0;
   if (is_host_fn()) {
-    out.kind = OpSummary::Kind::kHostFn;
+    out->kind = OpSummary::Kind::kHostFn;
   } else if (is_internal()) {
-    out.kind = OpSummary::Kind::kInternal;
-    out.internal = internal_;
+    out->kind = OpSummary::Kind::kInternal;
+    out->internal = internal_;
   } else {
-    out.kind = p2p_batch_ ? OpSummary::Kind::kP2p : OpSummary::Kind::kCollective;
+    out->kind = p2p_batch_ ? OpSummary::Kind::kP2p : OpSummary::Kind::kCollective;
   }
   for (size_t i = 0; i < calls_.size(); ++i) {
     const CollCall& c = calls_[i];
     bool send = c.kind == CollKind::kSend;
-    out.nsends += send ? 1 : 0;
-    if (i < out.calls.size()) out.calls[i] = {c.tag, send ? c.root : c.tag.root, send};
+    out->nsends += send ? 1 : 0;
+    if (i < out->calls.size()) out->calls[i] = {c.tag, send ? c.root : c.tag.root, send};
   }
-  return out;
+}
+
+std::string Op::describe() const {
+  OpSummary summary;
+  summarize(&summary);
+  return summary.describe(false);
 }
 
 std::string OpSummary::describe(bool detailed) const {

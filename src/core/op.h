@@ -65,9 +65,9 @@ class Op {
   const Body& body() const { return body_; }
   void run_host_fn() { host_fn_(); }
   // "AllReduce #12 (count 1024, float, sum)" or "group of 3 sends/receives".
-  std::string describe() const { return summary().describe(false); }
-  // What the flight recorder keeps (valid once queued: it reads the calls' tags).
-  OpSummary summary() const;
+  std::string describe() const;
+  // Fills what the flight recorder keeps (valid once queued: it reads the calls' tags).
+  void summarize(OpSummary* out) const;
   // count x datatype size, summed over the calls (what the flight recorder shows).
   size_t bytes() const;
 

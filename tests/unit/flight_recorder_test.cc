@@ -33,7 +33,7 @@ TEST_CASE("flight recorder keeps the last operations, oldest first", "[flight]")
   FlightRecorder recorder(3);
   uint64_t ids[5];
   for (uint32_t i = 0; i < 5; ++i) {
-    ids[i] = recorder.queued(allreduce(i, 100 + i));
+    ids[i] = recorder.queued([&](OpSummary* s) { *s = allreduce(i, 100 + i); });
     recorder.started(ids[i]);
     if (i != 3) recorder.finished(ids[i], Status());
   }
@@ -70,7 +70,7 @@ TEST_CASE("flight recorder describes send/receive groups with their peers", "[fl
     group.calls[i].tag.count = 16;
     group.calls[i].tag.dtype = static_cast<uint8_t>(DataType::kInt32);
   }
-  uint64_t id = recorder.queued(group);
+  uint64_t id = recorder.queued([&](OpSummary* s) { *s = group; });
   const std::string dump = recorder.dump("comm Y");
   INFO(dump);
   CHECK(dump.find("queued group of 5 sends and 5 receives: send to 0 #7 (16 x int32) receive "
@@ -82,7 +82,7 @@ TEST_CASE("flight recorder describes send/receive groups with their peers", "[fl
 
 TEST_CASE("flight recorder with no capacity records nothing", "[flight]") {
   FlightRecorder recorder(0);
-  CHECK(recorder.queued(allreduce(0, 1)) == 0);
+  CHECK(recorder.queued([](OpSummary* s) { *s = allreduce(0, 1); }) == 0);
   recorder.started(0);
   recorder.finished(0, Status());
   CHECK(recorder.dump("comm Z").find("0 operation(s)") != std::string::npos);

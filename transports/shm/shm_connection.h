@@ -29,9 +29,6 @@ struct FifoControl {
   // head: bytes published. Release store after the ring bytes before it are written; the
   // consumer's acquire load of head pairs with it.
   alignas(64) std::atomic<uint64_t> head{0};
-  // Set (release, after the last head store) when the producer's connection is destroyed;
-  // the consumer's acquire load pairs with it, then re-reads head.
-  std::atomic<uint32_t> producer_closed{0};
   // Single-copy probe: the address, in the producer's process, of a word holding probe_value.
   // probe_value is written before probe_addr is stored (release); the consumer loads
   // probe_addr (acquire), then reads the word with process_vm_readv and compares.
@@ -41,17 +38,22 @@ struct FifoControl {
   // tail: bytes consumed. Release store after the consumer finished reading the ring bytes
   // before it; the producer's acquire load pairs with it before overwriting them.
   alignas(64) std::atomic<uint64_t> tail{0};
-  // Set (release) when the consumer's connection is destroyed; producer loads it (acquire).
-  std::atomic<uint32_t> consumer_closed{0};
   // kCmaUnknown until the consumer probed whether it can read the producer's memory; the
   // producer sends large messages by reference only once it loads (acquire) kCmaWorks.
   std::atomic<uint32_t> cma_state{0};
   // Messages sent by reference that the consumer has finished reading (release, after its
   // last process_vm_readv); the producer's acquire load lets it complete those sends.
   std::atomic<uint64_t> by_reference_done{0};
+  // Line 2, written once per side: the flags each side polls while it works, apart from the
+  // lines written per message, so polling them moves no line between the cores.
+  // Set (release, after the last head store) when the producer's connection is destroyed;
+  // the consumer's acquire load pairs with it, then re-reads head.
+  alignas(64) std::atomic<uint32_t> producer_closed{0};
+  // Set (release) when the consumer's connection is destroyed; producer loads it (acquire).
+  std::atomic<uint32_t> consumer_closed{0};
 };
 inline constexpr uint32_t kCmaUnknown = 0, kCmaWorks = 1, kCmaDenied = 2;
-static_assert(sizeof(FifoControl) == 2 * kFifoAlign);
+static_assert(sizeof(FifoControl) == 3 * kFifoAlign);
 
 // Header of one message in the stream; the payload follows, then padding to kFifoAlign.
 // A message sent by reference (kByReference) carries no payload in the ring: the consumer

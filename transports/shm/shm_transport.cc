@@ -31,7 +31,7 @@ namespace {
 constexpr unsigned kMfdNoexecSeal = 0x0008U;
 
 constexpr uint64_t kSegmentMagic = 0x3147455348534843ull;  // "CHSHSEG1"
-constexpr uint32_t kSegmentVersion = 1;
+constexpr uint32_t kSegmentVersion = 2;  // 2: FifoControl has three lines
 constexpr size_t kHeaderBytes = 64;
 constexpr size_t kMinFifoBytes = 4 << 10;
 constexpr size_t kMaxFifoBytes = size_t{1} << 30;
