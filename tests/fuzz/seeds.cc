@@ -8,6 +8,7 @@
 
 #include <cstdio>
 #include <fstream>
+#include <cstring>
 #include <string>
 
 #include "bootstrap/unique_id.h"
@@ -344,6 +345,38 @@ void shm_fifo() {
     }
     write_seed("shm_fifo", variant ? "five_messages_small_ring_close" : "five_messages", s);
   }
+  // Small payloads inside their headers (kInline): an 8-byte float sum, 16 bytes copied, an
+  // empty one, then an ordinary message.
+  std::vector<Msg> msgs;
+  msgs.push_back({static_cast<uint8_t>(1 | (7 << 1)),
+                  tag(CollKind::kAllReduce, 0, 2, DataType::kFloat32), payload(8, 7)});
+  msgs.push_back({0, tag(CollKind::kAllGather, 1, 16, DataType::kUint8), payload(16, 8)});
+  msgs.push_back({0, tag(CollKind::kBroadcast, 2, 0, DataType::kInt8, 0), ""});
+  msgs.push_back({0, tag(CollKind::kAllGather, 3, 100, DataType::kUint8), payload(100, 9)});
+  std::string s;
+  put_le(&s, msgs.size() - 1, 1);  // receives
+  put_le(&s, 3, 1);                // ring: 256 bytes
+  put_le(&s, 0, 1);                // mode
+  put_le(&s, 0, 8);                // raw head (unused)
+  for (const Msg& m : msgs) fuzz::put_recv_spec(&s, m.flags, m.payload.size(), m.tag);
+  uint32_t index = 0;
+  for (const Msg& m : msgs) {
+    shm::MsgHeader h{};
+    h.magic = shm::kMsgMagic;
+    h.index = index++;
+    h.tag = m.tag;
+    h.bytes = m.payload.size();
+    const bool in_header = m.payload.size() <= shm::kInlineBytes;
+    if (in_header) {
+      h.flags = shm::kInline;
+      std::memcpy(h.inline_payload, m.payload.data(), m.payload.size());
+    }
+    s.append(reinterpret_cast<const char*>(&h), sizeof(h));
+    if (in_header) continue;
+    s += m.payload;
+    s.append((shm::kFifoAlign - m.payload.size() % shm::kFifoAlign) % shm::kFifoAlign, '\0');
+  }
+  write_seed("shm_fifo", "inline_payloads", s);
 }
 
 }  // namespace

@@ -20,7 +20,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstddef>
 #include <cstdlib>
+#include <cstring>
 
 #include "fuzz_requests.h"
 #include "transports/shm/shm_connection.h"
@@ -126,8 +128,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         pos += sizeof(h);
         continue;
       }
-      FUZZ_CHECK(pos + sizeof(h) + r->bytes <= ring_view.size());
-      std::string_view payload(ring_view.data() + pos + sizeof(h), r->bytes);
+      // A small payload may travel inside its header.
+      const bool in_header = (h.flags & shm::kInline) != 0;
+      FUZZ_CHECK(!in_header || r->bytes <= shm::kInlineBytes);
+      FUZZ_CHECK(in_header || pos + sizeof(h) + r->bytes <= ring_view.size());
+      std::string_view payload(in_header ? ring_view.data() + pos + offsetof(shm::MsgHeader, inline_payload)
+                                         : ring_view.data() + pos + sizeof(h),
+                               r->bytes);
       if (r->reduce == nullptr) {
         FUZZ_CHECK(std::memcmp(r->dst, payload.data(), r->bytes) == 0);
       } else {
@@ -135,7 +142,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         r->reduce(expect.data(), r->src, payload.data(), r->bytes / r->elem_size);
         FUZZ_CHECK(std::memcmp(r->dst, expect.data(), r->bytes) == 0);
       }
-      pos += sizeof(h) + (r->bytes + shm::kFifoAlign - 1) / shm::kFifoAlign * shm::kFifoAlign;
+      pos += sizeof(h) +
+             (in_header ? 0 : (r->bytes + shm::kFifoAlign - 1) / shm::kFifoAlign * shm::kFifoAlign);
     }
   }
   return 0;

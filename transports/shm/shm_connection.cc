@@ -170,14 +170,20 @@ bool ShmConnection::write_front(SendRequest* req, uint64_t* budget) {
     if (send_by_reference_) {
       header.flags = kByReference;
       header.address = reinterpret_cast<uint64_t>(req->buf);
+    } else if (req->bytes <= kInlineBytes) {
+      header.flags = kInline;
+      if (req->bytes > 0) std::memcpy(header.inline_payload, req->buf, req->bytes);
+      req->bytes_done.store(req->bytes, std::memory_order_relaxed);
     }
+    send_inline_ = (header.flags & kInline) != 0;
     // send_pos_ is kFifoAlign-aligned and so is fifo: the header never wraps.
     std::memcpy(send_.data + send_pos_ % fifo, &header, sizeof(header));
     send_pos_ += kFifoAlign;
     send_cursor_ = kFifoAlign;
     *budget -= kFifoAlign;
   }
-  const uint64_t total = kFifoAlign + (send_by_reference_ ? 0 : round_up(req->bytes));
+  const uint64_t total =
+      kFifoAlign + (send_by_reference_ || send_inline_ ? 0 : round_up(req->bytes));
   const auto* src = static_cast<const std::byte*>(req->buf);
   while (send_cursor_ < total) {
     if (send_pos_ - head_published_ >= publish_bytes_) flush_head();
@@ -239,6 +245,17 @@ bool ShmConnection::read_front(RecvRequest* req, uint64_t* budget) {
     recv_by_reference_ = (header.flags & kByReference) != 0;
     ref_address_ = header.address;
     ref_done_ = 0;
+    if ((header.flags & kInline) != 0) {
+      // check_header bounded bytes to kInlineBytes and made it req->bytes.
+      if (req->bytes == 0) return true;
+      if (req->reduce != nullptr) {
+        req->reduce(req->dst, req->src, header.inline_payload, req->bytes / req->elem_size);
+      } else {
+        std::memcpy(req->dst, header.inline_payload, req->bytes);
+      }
+      req->bytes_done.store(req->bytes, std::memory_order_relaxed);
+      return true;
+    }
   }
   if (recv_by_reference_) return read_by_reference(req, budget);
   const uint64_t total = kFifoAlign + round_up(req->bytes);
@@ -376,6 +393,13 @@ Status ShmConnection::check_header(const MsgHeader& header, const RecvRequest& r
         "stream offset {} has magic {:#x} and index {} (expected {:#x} and {})",
         peer(), peer_pid_, channel(), recv_pos_, header.magic, header.index, kMsgMagic,
         recv_index_);
+  }
+  if ((header.flags & kInline) != 0 &&
+      (header.bytes > kInlineBytes || (header.flags & kByReference) != 0)) {
+    return remote_error(
+        "shared-memory FIFO from rank {} (pid {}, channel {}) is corrupted: message {} claims "
+        "{} bytes inside its header (at most {})",
+        peer(), peer_pid_, channel(), recv_index_, header.bytes, kInlineBytes);
   }
   if (header.tag != req.tag || header.bytes != req.bytes) {
     return invalid_usage("rank {} sent {} ({} bytes) but rank {} expects {} ({} bytes) from it",

@@ -58,20 +58,26 @@ static_assert(sizeof(FifoControl) == 3 * kFifoAlign);
 // Header of one message in the stream; the payload follows, then padding to kFifoAlign.
 // A message sent by reference (kByReference) carries no payload in the ring: the consumer
 // copies it from `address` in the producer's process with process_vm_readv (one copy instead
-// of two), then counts it in FifoControl::by_reference_done.
+// of two), then counts it in FifoControl::by_reference_done. A payload of at most
+// kInlineBytes travels inside the header (kInline): one cache line per small message.
+inline constexpr size_t kInlineBytes = 16;
 struct MsgHeader {
   uint32_t magic;
   uint32_t index;  // low 32 bits of the message's ordinal on this FIFO: detects a desync
   MsgTag tag;
   uint64_t bytes;  // payload bytes
-  uint64_t address;  // kByReference: the payload's address in the producer's process
   uint32_t flags;
-  uint8_t pad[kFifoAlign - 52];
+  uint32_t reserved;
+  union {
+    uint64_t address;  // kByReference: the payload's address in the producer's process
+    unsigned char inline_payload[kInlineBytes];  // kInline: the payload
+  };
 };
 inline constexpr uint32_t kByReference = 1;
 // A farewell (Connection::farewell): `bytes` of reason text follow, `address` holds the Status
 // code; the producer has closed after it.
 inline constexpr uint32_t kFarewell = 2;
+inline constexpr uint32_t kInline = 4;
 static_assert(sizeof(MsgHeader) == kFifoAlign);
 inline constexpr uint32_t kMsgMagic = 0x4d534843;  // "CHSM"
 
@@ -205,6 +211,7 @@ class ShmConnection final : public Connection {
   uint64_t tail_cached_ = 0;     // last value loaded from send_.control->tail
   uint64_t send_cursor_ = 0;     // bytes of the front message written (header included)
   bool send_by_reference_ = false;  // the front message goes by reference
+  bool send_inline_ = false;        // the front message's payload is in its header
   uint32_t send_index_ = 0;      // ordinal of the front message
 
   // Consumer state (recv_ FIFO).
