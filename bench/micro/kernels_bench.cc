@@ -89,8 +89,9 @@ void bm_reduce_copy(benchmark::State& state, const KernelTable* table, DataType 
                           static_cast<int64_t>(bytes));
 }
 
-// memcpy (table == nullptr) or a table's copy: 1 read + 1 write per byte.
-void bm_copy(benchmark::State& state, const KernelTable* table) {
+// memcpy (table == nullptr), a table's copy, or with `streaming` its stream_copy (the stores
+// bypass the caches): 1 read + 1 write per byte.
+void bm_copy(benchmark::State& state, const KernelTable* table, bool streaming) {
   const size_t bytes = static_cast<size_t>(state.range(0));
   Buffer src = make_buffer(DataType::kUint8, bytes, 1),
          dst = make_buffer(DataType::kUint8, bytes, 2);
@@ -98,7 +99,7 @@ void bm_copy(benchmark::State& state, const KernelTable* table) {
     if (table == nullptr) {
       std::memcpy(dst.get(), src.get(), bytes);
     } else {
-      table->copy(dst.get(), src.get(), bytes);
+      (streaming ? table->stream_copy : table->copy)(dst.get(), src.get(), bytes);
     }
     benchmark::DoNotOptimize(dst.get());
     benchmark::ClobberMemory();
@@ -117,14 +118,16 @@ void sizes(benchmark::internal::Benchmark* b) {
 }
 
 void register_all() {
-  benchmark::RegisterBenchmark("memcpy", bm_copy, nullptr)->Apply(sizes);
+  benchmark::RegisterBenchmark("memcpy", bm_copy, nullptr, false)->Apply(sizes);
   for (const char* isa : {"scalar", "avx2", "avx512"}) {
     const KernelTable* table = kernels_for(isa);
     if (table == nullptr) {
       std::fprintf(stderr, "kernels_bench: skipping %s (not supported by this CPU)\n", isa);
       continue;
     }
-    benchmark::RegisterBenchmark((std::string("copy/") + isa).c_str(), bm_copy, table)
+    benchmark::RegisterBenchmark((std::string("copy/") + isa).c_str(), bm_copy, table, false)
+        ->Apply(sizes);
+    benchmark::RegisterBenchmark((std::string("stream_copy/") + isa).c_str(), bm_copy, table, true)
         ->Apply(sizes);
     for (int ti = 0; ti < kNumDataTypes; ++ti) {
       const DataType t = static_cast<DataType>(ti);
