@@ -25,7 +25,7 @@ class FlightRecorder {
   explicit FlightRecorder(size_t capacity) : capacity_(capacity) {}
 
   // Records a queued operation, described by `fill(OpSummary*)` (called under the lock, on a
-  // reused entry: it sets every field). Returns the entry's id (0 when recording is off); later
+  // reused entry: it must set every field that OpSummary::describe reads). Returns the entry's id (0 when recording is off); later
   // calls with an id that has been dropped from the window do nothing.
   template <typename Fill>
   uint64_t queued(const Fill& fill) {
