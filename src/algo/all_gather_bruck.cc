@@ -28,7 +28,8 @@ Task all_gather_bruck(OpContext& ctx, Args a) {
     CHORUS_CO_RETURN_IF_ERROR(co_await ctx.wait(rreq));
     CHORUS_CO_RETURN_IF_ERROR(co_await ctx.wait(sreq));
   }
-  for (int i = 0; i < n; ++i) copy_result_if_needed(a.out + mod(r + i, n) * block, slots + i * block, block);
+  for (int i = 0; i < n; ++i)
+    copy_result_if_needed(a.out + mod(r + i, n) * block, slots + i * block, block);
   co_return Status();
 }
 

@@ -1,10 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // File: src/algo/all_gather_ring.cc
 // Ring AllGather: each rank places its block, then n-1 steps forward the block received last.
-#include <cstring>
 
 #include "algo/algo.h"
-#include "kernels/reduce/reduce.h"
 
 namespace chorus::algo {
 
@@ -12,7 +10,7 @@ Task all_gather_ring(OpContext& ctx, Args a) {
   const int n = ctx.nranks(), r = ctx.rank();
   const size_t bytes = a.count * a.elem_size;  // one block (count = sendcount)
   if (bytes == 0) co_return Status();
-  if (a.out + r * bytes != a.in) kernels::copy_to_output(a.out + r * bytes, a.in, bytes);
+  copy_result_if_needed(a.out + r * bytes, a.in, bytes);
   const int next = mod(r + 1, n), prev = mod(r - 1, n);
   for (int s = 0; s < n - 1; ++s) {
     int sb = mod(r - s, n), rb = mod(r - s - 1, n);

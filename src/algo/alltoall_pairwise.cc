@@ -7,7 +7,6 @@
 #include <memory>
 
 #include "algo/algo.h"
-#include "kernels/reduce/reduce.h"
 
 namespace chorus::algo {
 
@@ -21,7 +20,7 @@ Task alltoall_pairwise(OpContext& ctx, Args a) {
     std::memcpy(copy, a.in, bytes * n);
     in = copy;
   }
-  if (a.out + r * bytes != in + r * bytes) kernels::copy_to_output(a.out + r * bytes, in + r * bytes, bytes);
+  copy_result_if_needed(a.out + r * bytes, in + r * bytes, bytes);
   RequestArray<SendRequest> sends(n);
   RequestArray<RecvRequest> recvs(n);
   for (int k = 1; k < n; ++k) {

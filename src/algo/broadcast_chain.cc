@@ -4,12 +4,10 @@
 // so a rank forwards chunk c while chunk c+1 is still arriving. Time ~ size/bandwidth +
 // (n-1) chunk latencies.
 #include <algorithm>
-#include <cstring>
 #include <memory>
 
 #include "algo/algo.h"
 #include "common/params.h"
-#include "kernels/reduce/reduce.h"
 
 namespace chorus::algo {
 
@@ -20,7 +18,7 @@ Task broadcast_chain(OpContext& ctx, Args a) {
   const int pos = mod(r - a.root, n);
   const int from = pos > 0 ? mod(r - 1, n) : -1;
   const int to = pos < n - 1 ? mod(r + 1, n) : -1;
-  if (pos == 0 && a.out != a.in) kernels::copy_to_output(a.out, a.in, bytes);
+  if (pos == 0) copy_result_if_needed(a.out, a.in, bytes);
   if (n == 1) co_return Status();
 
   size_t chunk = static_cast<size_t>(params::kChunkBytes.get());

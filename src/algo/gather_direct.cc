@@ -2,11 +2,9 @@
 // File: src/algo/gather_direct.cc
 // Direct Gather: every rank sends its block straight to the root, which receives them all at
 // once.
-#include <cstring>
 #include <memory>
 
 #include "algo/algo.h"
-#include "kernels/reduce/reduce.h"
 
 namespace chorus::algo {
 
@@ -19,7 +17,7 @@ Task gather_direct(OpContext& ctx, Args a) {
     ctx.send(sreq, a.root, 0, a.in, bytes);
     co_return co_await ctx.wait(sreq);
   }
-  if (a.out + r * bytes != a.in) kernels::copy_to_output(a.out + r * bytes, a.in, bytes);
+  copy_result_if_needed(a.out + r * bytes, a.in, bytes);
   RequestArray<RecvRequest> recvs(n);
   for (int i = 0; i < n; ++i)
     if (i != r) ctx.recv(recvs[i], i, 0, a.out + i * bytes, bytes);

@@ -1,11 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 // File: src/algo/scatter_direct.cc
 // Direct Scatter: the root sends block i straight to rank i, all at once.
-#include <cstring>
 #include <memory>
 
 #include "algo/algo.h"
-#include "kernels/reduce/reduce.h"
 
 namespace chorus::algo {
 
@@ -18,7 +16,7 @@ Task scatter_direct(OpContext& ctx, Args a) {
     ctx.recv(rreq, a.root, 0, a.out, bytes);
     co_return co_await ctx.wait(rreq);
   }
-  if (a.out != a.in + r * bytes) kernels::copy_to_output(a.out, a.in + r * bytes, bytes);
+  copy_result_if_needed(a.out, a.in + r * bytes, bytes);
   RequestArray<SendRequest> sends(n);
   for (int i = 0; i < n; ++i)
     if (i != r) ctx.send(sends[i], i, 0, a.in + i * bytes, bytes);

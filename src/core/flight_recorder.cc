@@ -60,7 +60,7 @@ std::string FlightRecorder::dump(const std::string& owner) const {
   std::string out = fmt::format("flight recorder of {}: {} operation(s), oldest first", owner,
                                 next_id_ - first);
   for (uint64_t id = first; id < next_id_; ++id) {
-    const Entry& e = ring_[(id - 1) % capacity_];
+    const Entry& e = slot(id);
     const char* state = e.state == State::kQueued    ? "queued"
                         : e.state == State::kRunning ? "running"
                         : e.state == State::kDone    ? "done"

@@ -25,8 +25,9 @@ class FlightRecorder {
   explicit FlightRecorder(size_t capacity) : capacity_(capacity) {}
 
   // Records a queued operation, described by `fill(OpSummary*)` (called under the lock, on a
-  // reused entry: it must set every field that OpSummary::describe reads). Returns the entry's id (0 when recording is off); later
-  // calls with an id that has been dropped from the window do nothing.
+  // reused entry: it must set every field that OpSummary::describe reads). Returns the entry's
+  // id (0 when recording is off); later calls with an id that has been dropped from the window
+  // do nothing.
   template <typename Fill>
   uint64_t queued(const Fill& fill) {
     if (capacity_ == 0) return 0;
@@ -56,6 +57,7 @@ class FlightRecorder {
   Entry& next_entry();  // the slot of a new entry, reset (mutex_ held)
 
   Entry& slot(uint64_t id) { return ring_[(id - 1) % capacity_]; }
+  const Entry& slot(uint64_t id) const { return ring_[(id - 1) % capacity_]; }
 
   // The last capacity_ entries, entry `id` in slot (id - 1) % capacity_; the ring grows to its
   // capacity, then queuing reuses a slot (and its strings' buffers) instead of allocating.

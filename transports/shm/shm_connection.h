@@ -195,8 +195,8 @@ class ShmConnection final : public Connection {
   // Sends whose header is out but whose payload the consumer still reads by reference.
   RequestQueue<SendRequest> by_reference_;
   uint64_t by_reference_completed_ = 0;  // of those, how many we completed
-  const uint64_t cma_min_bytes_;
-  const uint64_t stream_min_bytes_;  // a receive this large lands with streaming stores         // 0: never by reference
+  const uint64_t cma_min_bytes_;     // 0: never by reference
+  const uint64_t stream_min_bytes_;  // a receive this large lands with streaming stores
   uint64_t probe_word_;                  // read by the consumer's probe (FifoControl::probe_*)
   // Consumer side of a message by reference being read.
   uint64_t ref_address_ = 0;
