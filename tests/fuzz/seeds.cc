@@ -323,40 +323,15 @@ void shm_farewell() {
   write_seed("shm_fifo", "farewell", s);
 }
 
-void shm_fifo() {
-  for (int variant = 0; variant < 2; ++variant) {
-    auto msgs = messages();
-    std::string s;
-    put_le(&s, msgs.size() - 1, 1);    // receives
-    put_le(&s, variant ? 1 : 7, 1);    // ring: 128 or 512 bytes
-    put_le(&s, variant ? 1 : 0, 1);    // mode: the producer closes at the end
-    put_le(&s, 0, 8);                  // raw head (unused)
-    for (const Msg& m : msgs) fuzz::put_recv_spec(&s, m.flags, m.payload.size(), m.tag);
-    uint32_t index = 0;
-    for (const Msg& m : msgs) {
-      shm::MsgHeader h{};
-      h.magic = shm::kMsgMagic;
-      h.index = index++;
-      h.tag = m.tag;
-      h.bytes = m.payload.size();
-      s.append(reinterpret_cast<const char*>(&h), sizeof(h));
-      s += m.payload;
-      s.append((shm::kFifoAlign - m.payload.size() % shm::kFifoAlign) % shm::kFifoAlign, '\0');
-    }
-    write_seed("shm_fifo", variant ? "five_messages_small_ring_close" : "five_messages", s);
-  }
-  // Small payloads inside their headers (kInline): an 8-byte float sum, 16 bytes copied, an
-  // empty one, then an ordinary message.
-  std::vector<Msg> msgs;
-  msgs.push_back({static_cast<uint8_t>(1 | (7 << 1)),
-                  tag(CollKind::kAllReduce, 0, 2, DataType::kFloat32), payload(8, 7)});
-  msgs.push_back({0, tag(CollKind::kAllGather, 1, 16, DataType::kUint8), payload(16, 8)});
-  msgs.push_back({0, tag(CollKind::kBroadcast, 2, 0, DataType::kInt8, 0), ""});
-  msgs.push_back({0, tag(CollKind::kAllGather, 3, 100, DataType::kUint8), payload(100, 9)});
+// A shm_fifo input: one receive per message in `msgs`, the ring size code and mode bytes, then
+// the messages as a producer writes them; with `inline_small`, payloads of at most kInlineBytes
+// travel inside their headers (kInline).
+std::string shm_stream(const std::vector<Msg>& msgs, uint8_t ring, uint8_t mode,
+                       bool inline_small) {
   std::string s;
   put_le(&s, msgs.size() - 1, 1);  // receives
-  put_le(&s, 3, 1);                // ring: 256 bytes
-  put_le(&s, 0, 1);                // mode
+  put_le(&s, ring, 1);             // ring: 64 * (ring + 1) bytes
+  put_le(&s, mode, 1);             // mode: bit 0, the producer closes at the end
   put_le(&s, 0, 8);                // raw head (unused)
   for (const Msg& m : msgs) fuzz::put_recv_spec(&s, m.flags, m.payload.size(), m.tag);
   uint32_t index = 0;
@@ -366,7 +341,7 @@ void shm_fifo() {
     h.index = index++;
     h.tag = m.tag;
     h.bytes = m.payload.size();
-    const bool in_header = m.payload.size() <= shm::kInlineBytes;
+    const bool in_header = inline_small && m.payload.size() <= shm::kInlineBytes;
     if (in_header) {
       h.flags = shm::kInline;
       std::memcpy(h.inline_payload, m.payload.data(), m.payload.size());
@@ -376,7 +351,22 @@ void shm_fifo() {
     s += m.payload;
     s.append((shm::kFifoAlign - m.payload.size() % shm::kFifoAlign) % shm::kFifoAlign, '\0');
   }
-  write_seed("shm_fifo", "inline_payloads", s);
+  return s;
+}
+
+void shm_fifo() {
+  write_seed("shm_fifo", "five_messages", shm_stream(messages(), 7, 0, false));  // 512 bytes
+  write_seed("shm_fifo", "five_messages_small_ring_close",
+             shm_stream(messages(), 1, 1, false));  // 128 bytes, then the producer closes
+  // Small payloads inside their headers: an 8-byte float sum, 16 bytes copied, an empty one,
+  // then an ordinary message; 256-byte ring.
+  std::vector<Msg> msgs;
+  msgs.push_back({static_cast<uint8_t>(1 | (7 << 1)),
+                  tag(CollKind::kAllReduce, 0, 2, DataType::kFloat32), payload(8, 7)});
+  msgs.push_back({0, tag(CollKind::kAllGather, 1, 16, DataType::kUint8), payload(16, 8)});
+  msgs.push_back({0, tag(CollKind::kBroadcast, 2, 0, DataType::kInt8, 0), ""});
+  msgs.push_back({0, tag(CollKind::kAllGather, 3, 100, DataType::kUint8), payload(100, 9)});
+  write_seed("shm_fifo", "inline_payloads", shm_stream(msgs, 3, 0, true));
 }
 
 }  // namespace

@@ -132,9 +132,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       const bool in_header = (h.flags & shm::kInline) != 0;
       FUZZ_CHECK(!in_header || r->bytes <= shm::kInlineBytes);
       FUZZ_CHECK(in_header || pos + sizeof(h) + r->bytes <= ring_view.size());
-      std::string_view payload(in_header ? ring_view.data() + pos + offsetof(shm::MsgHeader, inline_payload)
-                                         : ring_view.data() + pos + sizeof(h),
-                               r->bytes);
+      const size_t payload_at =
+          pos + (in_header ? offsetof(shm::MsgHeader, inline_payload) : sizeof(h));
+      std::string_view payload(ring_view.data() + payload_at, r->bytes);
       if (r->reduce == nullptr) {
         FUZZ_CHECK(std::memcmp(r->dst, payload.data(), r->bytes) == 0);
       } else {

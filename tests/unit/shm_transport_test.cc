@@ -437,11 +437,21 @@ TEST_CASE("shm: a closing peer delivers what it sent, then pending receives fail
 // remote error naming the sender, not a system error.
 TEST_CASE("shm: a sender's buffer that disappears mid-read is the sender's failure",
           "[unit][shm]") {
-  setenv("CHORUS_SHM_CMA_BYTES", "65536", 1);  // reads by reference (off by default)
-  params::reload_for_testing();
+  // Reads by reference are off by default: on for the connections made here only, and off again
+  // even if connecting fails.
+  struct ReadByReference {
+    ReadByReference() {
+      setenv("CHORUS_SHM_CMA_BYTES", "65536", 1);
+      params::reload_for_testing();
+    }
+    ~ReadByReference() {
+      unsetenv("CHORUS_SHM_CMA_BYTES");
+      params::reload_for_testing();
+    }
+  };
+  std::optional<ReadByReference> by_reference(std::in_place);
   Group g = connect_group(2);
-  unsetenv("CHORUS_SHM_CMA_BYTES");
-  params::reload_for_testing();
+  by_reference.reset();
   const size_t bytes = 4 << 20;  // by reference, several pieces
   void* mem = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   REQUIRE(mem != MAP_FAILED);
