@@ -11,12 +11,13 @@
 
 #include <cstring>
 
-#include "bootstrap/socket.h"
+#include "net/socket.h"
 #include "common/params.h"
-#include "core/process.h"
+#include "common/process.h"
 #include "kernels/reduce/reduce.h"
 #include "tools/chorus_info_tune.h"
 #include "topo/topology.h"
+#include "transports/registry.h"
 
 #if CHORUS_HAVE_VERBS
 #include <infiniband/verbs.h>
@@ -35,12 +36,19 @@ void print_params() {
 
 void print_transports() {
   using namespace chorus;
-  fmt::print("Transports:\n");
-  fmt::print("  direct  ranks in one process: receiver copies/reduces from the sender's memory\n");
-  fmt::print("  shm     ranks of one host: memfd FIFOs, futex doorbells\n");
+  fmt::print("Transports (registered; CHORUS_TRANSPORT=<name> forces one):\n");
+  for (const TransportDesc* d : transports()) {
+    const char* reach = d->caps.reach == TransportCaps::Reach::kSameProcess ? "one process"
+                        : d->caps.reach == TransportCaps::Reach::kSameHost  ? "one host"
+                                                                            : "any host";
+    fmt::print("  {:<7} {}\n          reach: {}; declared cost {} us + bytes / {} GB/s{}{}\n",
+               d->name, d->summary, reach, d->cost.alpha_us, d->cost.beta_gbps,
+               d->caps.registration ? "; registers memory" : "",
+               d->caps.one_sided_put ? "; one-sided put" : "");
+  }
   auto ifaces = net::list_interfaces();
   auto picked = net::pick_interface();
-  fmt::print("  tcp     any host; interface {}\n",
+  fmt::print("Network: interface {}\n",
              picked.ok() ? fmt::format("{} {}", picked->name, picked->addr.to_string())
                          : picked.status().message());
   if (ifaces.ok()) {

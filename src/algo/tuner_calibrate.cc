@@ -91,8 +91,6 @@ Result<Measured> measure_link(Comm& comm, int a, int b) {
   return *measured;
 }
 
-const char* link_name(TransportKind k) { return transport_kind_name(k); }
-
 }  // namespace
 
 double local_reduce_gbps() {
@@ -141,37 +139,44 @@ Result<TunerFile> read_tuner_file(const std::string& path) {
 Result<CostModel> calibrate(Comm& comm) {
   CostModel model;
   if (comm.nranks() == 1) return model;
-  // Each rank: its slowest transport, the first peer it reaches over it, its kernel speed.
-  TransportKind worst = TransportKind::kNone;
+  // Each rank: its most expensive transport (declared cost at 1 MiB), the first peer it
+  // reaches over it, its kernel speed. The model is measured on the worst link of all.
+  auto cost = [](const TransportDesc* d) { return d->cost.time_us(1 << 20); };
+  const TransportDesc* worst = nullptr;
   int worst_peer = -1;
   for (int p = 0; p < comm.nranks(); ++p) {
-    if (p == comm.rank()) continue;
-    if (comm.transport_to(p) > worst) {
-      worst = comm.transport_to(p);
+    const TransportDesc* d = comm.transport_to(p);
+    if (p == comm.rank() || d == nullptr) continue;
+    if (worst == nullptr || cost(d) > cost(worst)) {
+      worst = d;
       worst_peer = p;
     }
   }
   ByteWriter w;
-  w.put<uint8_t>(static_cast<uint8_t>(worst));
+  w.put_string(worst ? worst->name : "");
   w.put<int32_t>(worst_peer);
   w.put<double>(local_reduce_gbps());
   std::vector<int> all(comm.nranks());
   for (int r = 0; r < comm.nranks(); ++r) all[r] = r;
   CHORUS_ASSIGN_OR_RETURN(auto records, allgather_records(comm, all, w.take()));
-  TransportKind slowest = TransportKind::kNone;
+  const TransportDesc* slowest = nullptr;
+  std::string slowest_name;
   int a = -1, b = -1;
   model.gamma_gbps = 1e9;
   for (int r = 0; r < comm.nranks(); ++r) {
     ByteReader rd(records[r]);
-    uint8_t kind = 0;
+    std::string name;
     int32_t peer = -1;
     double gamma = 0;
-    CHORUS_RETURN_IF_ERROR(rd.get(&kind));
+    CHORUS_RETURN_IF_ERROR(rd.get_string(&name, 64));
     CHORUS_RETURN_IF_ERROR(rd.get(&peer));
     CHORUS_RETURN_IF_ERROR(rd.get(&gamma));
     model.gamma_gbps = std::min(model.gamma_gbps, gamma);
-    if (static_cast<TransportKind>(kind) > slowest) {
-      slowest = static_cast<TransportKind>(kind);
+    const TransportDesc* d = find_transport(name);
+    if (d == nullptr) return remote_error("rank {} reports an unknown transport '{}'", r, name);
+    if (slowest == nullptr || cost(d) > cost(slowest)) {
+      slowest = d;
+      slowest_name = d->name;
       a = r;
       b = peer;
     }
@@ -181,7 +186,7 @@ Result<CostModel> calibrate(Comm& comm) {
   if (!path.empty()) {
     CHORUS_ASSIGN_OR_RETURN(TunerFile file, read_tuner_file(path));
     for (const auto& link : file.links) {
-      if (link.transport != link_name(slowest)) continue;
+      if (link.transport != slowest_name) continue;
       model.alpha_us = link.alpha_us;
       model.beta_gbps = link.beta_gbps;
       if (file.gamma_gbps > 0) model.gamma_gbps = file.gamma_gbps;
@@ -189,7 +194,7 @@ Result<CostModel> calibrate(Comm& comm) {
       return model;
     }
     CHORUS_WARN(kColl, "CHORUS_TUNER_FILE {} has no line for {}; measuring instead", path,
-                link_name(slowest));
+                slowest_name);
   }
   if (params::kTuner.get() == "STATIC") {
     model.source = "default (CHORUS_TUNER=STATIC)";
@@ -206,7 +211,7 @@ Result<CostModel> calibrate(Comm& comm) {
   ByteReader rd(shared[a]);
   CHORUS_RETURN_IF_ERROR(rd.get(&model.alpha_us));
   CHORUS_RETURN_IF_ERROR(rd.get(&model.beta_gbps));
-  model.source = fmt::format("measured over {} between ranks {} and {}", link_name(slowest), a, b);
+  model.source = fmt::format("measured over {} between ranks {} and {}", slowest_name, a, b);
   return model;
 }
 

@@ -147,7 +147,7 @@ Status shrink(const std::shared_ptr<Comm>& parent, const std::vector<int>& membe
   bootstrap::UniqueId id;
   id.comm_uid = child_uid(parent->uid(), ordinal, -2);
   id.secret = parent->secret().derive(fmt::format("shrink:{:x}", id.comm_uid));
-  id.root = parent->peer(members.front()).tcp_addr;
+  id.root = parent->peer(members.front()).rendezvous;
   if (nranks > 1 && new_rank == 0) {
     CHORUS_ASSIGN_OR_RETURN(UniqueFd listener, parent->dup_listener());
     CHORUS_RETURN_IF_ERROR(bootstrap::start_root_server(std::move(listener), id,

@@ -4,11 +4,11 @@
 #include "bootstrap/bootstrap.h"
 
 #include "bootstrap/root_server.h"
-#include "bootstrap/socket.h"
+#include "net/socket.h"
 #include "bootstrap/wire.h"
 #include "common/log.h"
 #include "common/params.h"
-#include "core/process.h"
+#include "common/process.h"
 
 namespace chorus::bootstrap {
 

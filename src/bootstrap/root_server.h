@@ -20,7 +20,7 @@
 #include <string>
 #include <vector>
 
-#include "bootstrap/auth.h"
+#include "net/auth.h"
 #include "bootstrap/unique_id.h"
 #include "bootstrap/wire.h"
 #include "common/status.h"

@@ -7,11 +7,13 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "bootstrap/auth.h"
-#include "bootstrap/socket.h"
+#include "net/auth.h"
+#include "net/socket.h"
 #include "common/status.h"
 
 namespace chorus::bootstrap {
+
+using net::Secret;
 
 struct UniqueId {
   net::SockAddr root;     // where the root server listens

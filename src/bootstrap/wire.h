@@ -11,34 +11,27 @@
 #include <string>
 #include <string_view>
 
-#include "bootstrap/auth.h"
-#include "bootstrap/socket.h"
+#include "net/auth.h"
+#include "net/socket.h"
+#include "common/bytes.h"
 #include "common/clock.h"
 #include "common/status.h"
 
+namespace chorus::bootstrap {
+using net::auth_initiator;
+using net::auth_responder;
+using net::Handshake;
+using net::Secret;
+}  // namespace chorus::bootstrap
+
 namespace chorus::bootstrap::wire {
 
-inline void put_u16(uint8_t* p, uint16_t v) {
-  p[0] = static_cast<uint8_t>(v);
-  p[1] = static_cast<uint8_t>(v >> 8);
-}
-inline void put_u32(uint8_t* p, uint32_t v) {
-  for (int i = 0; i < 4; ++i) p[i] = static_cast<uint8_t>(v >> (8 * i));
-}
-inline void put_u64(uint8_t* p, uint64_t v) {
-  for (int i = 0; i < 8; ++i) p[i] = static_cast<uint8_t>(v >> (8 * i));
-}
-inline uint16_t get_u16(const uint8_t* p) { return static_cast<uint16_t>(p[0] | (p[1] << 8)); }
-inline uint32_t get_u32(const uint8_t* p) {
-  uint32_t v = 0;
-  for (int i = 3; i >= 0; --i) v = (v << 8) | p[i];
-  return v;
-}
-inline uint64_t get_u64(const uint8_t* p) {
-  uint64_t v = 0;
-  for (int i = 7; i >= 0; --i) v = (v << 8) | p[i];
-  return v;
-}
+using le::get_u16;
+using le::get_u32;
+using le::get_u64;
+using le::put_u16;
+using le::put_u32;
+using le::put_u64;
 
 // Appends little-endian fields to a byte string.
 class Writer {

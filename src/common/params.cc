@@ -41,9 +41,11 @@ StringParam kHostId("HOST_ID", nullptr, "", nullptr,
                     "override of the host identity (ranks with equal ids use shared memory); "
                     "default: boot id + network namespace");
 
-StringParam kTransport("TRANSPORT", nullptr, "AUTO", "AUTO,DIRECT,SHM,TCP",
-                       "force one transport between every pair of ranks (AUTO: direct memory in "
-                       "one process, shared memory on one host, TCP across hosts)");
+StringParam kTransport("TRANSPORT", nullptr, "AUTO", nullptr,
+                       "AUTO: the cheapest registered transport that reaches each peer (direct "
+                       "memory in one process, shared memory on one host, TCP across hosts); or "
+                       "a transport's name (chorus-info lists them) to force it between every "
+                       "pair of ranks");
 IntParam kNumChannels("NCHANNELS", "NCHANNELS", 1, 1, 16,
                       "independent ordered connections per peer");
 IntParam kShmFifoBytes("SHM_FIFO_BYTES", nullptr, 4 << 20, 64 << 10, 1ll << 30,

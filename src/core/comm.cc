@@ -13,11 +13,8 @@
 #include "common/clock.h"
 #include "common/log.h"
 #include "common/params.h"
-#include "core/process.h"
+#include "common/process.h"
 #include "core/stream.h"
-#include "transports/direct/direct_transport.h"
-#include "transports/shm/shm_transport.h"
-#include "transports/tcp/tcp_transport.h"
 
 namespace chorus {
 
@@ -288,8 +285,8 @@ std::string Comm::dump_flight_recorder() {
 }
 
 Result<UniqueFd> Comm::dup_listener() const {
-  if (!tcp_listener_) return invalid_usage("{} has no listening socket", describe());
-  int fd = ::fcntl(tcp_listener_->fd(), F_DUPFD_CLOEXEC, 0);
+  if (!rendezvous_.valid()) return invalid_usage("{} has no listening socket", describe());
+  int fd = ::fcntl(rendezvous_.get(), F_DUPFD_CLOEXEC, 0);
   if (fd < 0) return system_error(errno, "dup of the listening socket");
   return UniqueFd(fd);
 }
@@ -320,9 +317,8 @@ void Comm::shutdown() {
   std::lock_guard<std::mutex> drive(drive_mutex_);
   close_connections();
   conns_.clear();
-  direct_node_.reset();
-  shm_segment_.reset();
-  tcp_listener_.reset();
+  open_.clear();
+  rendezvous_.reset();
   scratch_.clear();
   scratch_bytes_.clear();
 }

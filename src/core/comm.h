@@ -17,29 +17,21 @@
 #include <vector>
 
 #include "algo/tuner.h"
-#include "bootstrap/auth.h"
-#include "bootstrap/socket.h"
+#include "net/auth.h"
+#include "net/socket.h"
 #include "common/clock.h"
 #include "common/dtype.h"
 #include "common/status.h"
 #include "core/flight_recorder.h"
 #include "core/liveness.h"
 #include "core/op.h"
+#include "transports/registry.h"
 #include "transports/transport.h"
 
 namespace chorus {
 
-namespace direct {
-class DirectNode;
-}
-namespace shm {
-class ShmSegment;
-}
-namespace tcp {
-class TcpListener;
-}
-
-// What every rank publishes about itself when a communicator is created.
+// What every rank publishes about itself when a communicator is created: its identity, the
+// address of its rendezvous listener, and one connect blob per transport it opened.
 struct PeerInfo {
   int rank = -1;
   int nranks = 0;
@@ -47,19 +39,23 @@ struct PeerInfo {
   std::string hostname;
   int pid = 0;
   uint64_t process_token = 0;
-  int doorbell_fd = -1;  // the process doorbell memfd (same-host peers map it)
-  int shm_fd = -1;       // this rank's incoming shared-memory FIFO segment
-  net::SockAddr tcp_addr;
   int channels = 1;
+  // Core's own listening socket: the lowest surviving rank of a shrink serves the new
+  // communicator's rendezvous on it.
+  net::SockAddr rendezvous;
+  struct Blob {
+    std::string transport;  // TransportDesc::name
+    std::string bytes;      // at most kMaxTransportBlob
+  };
+  std::vector<Blob> blobs;  // at most kMaxTransports, distinct names
 
   std::string serialize() const;
   static Result<PeerInfo> parse(std::string_view bytes);
   // "rank 3 (host node7, pid 1234)".
   std::string describe() const;
+  // This rank as `transport` sees it (open = false when it did not open that transport).
+  EndpointInfo endpoint(const char* transport) const;
 };
-
-enum class TransportKind : uint8_t { kNone, kDirect, kShm, kTcp };
-const char* transport_kind_name(TransportKind kind);
 
 struct CommConfig {
   bool blocking = true;
@@ -73,7 +69,7 @@ struct CommIdentity {
   int rank = 0;
   int nranks = 1;
   uint64_t uid = 0;          // same on every rank of the communicator
-  bootstrap::Secret secret;  // authenticates this communicator's connections
+  net::Secret secret;  // authenticates this communicator's connections
   CommConfig config;
 };
 
@@ -95,12 +91,13 @@ class Comm : public std::enable_shared_from_this<Comm> {
   int rank() const { return id_.rank; }
   int nranks() const { return id_.nranks; }
   uint64_t uid() const { return id_.uid; }
-  const bootstrap::Secret& secret() const { return id_.secret; }
+  const net::Secret& secret() const { return id_.secret; }
   const CommConfig& config() const { return id_.config; }
   int cu_device() const { return cu_device_; }
   int channels() const { return channels_; }
   const PeerInfo& peer(int rank) const { return peers_[rank]; }
-  TransportKind transport_to(int peer) const { return transport_[peer]; }
+  // The transport that carries traffic to `peer` (null for ourselves).
+  const TransportDesc* transport_to(int peer) const { return transport_[peer]; }
   Connection* conn(int peer, int channel) const { return conns_[peer][channel].get(); }
   // The cost model the tuner chooses algorithms with (agreed by every rank at setup).
   const algo::CostModel& cost_model() const { return model_; }
@@ -160,8 +157,8 @@ class Comm : public std::enable_shared_from_this<Comm> {
   // ---- Diagnosis ----
   // The flight recorder as text (any thread but one holding the drive lock).
   std::string dump_flight_recorder();
-  // The parent's TCP listening socket (duplicated), on which the lowest surviving rank serves
-  // the rendezvous of a shrunk communicator; its address is peer(r).tcp_addr.
+  // This rank's rendezvous listener (duplicated), on which the lowest surviving rank serves
+  // the rendezvous of a shrunk communicator; its address is peer(r).rendezvous.
   Result<UniqueFd> dup_listener() const;
 
  private:
@@ -174,19 +171,25 @@ class Comm : public std::enable_shared_from_this<Comm> {
   Status check_stuck(Op& op);
   // "; waiting for rank 2 (host h, pid 7) to send its data (0 of 64 bytes done)" (drive lock).
   std::string waiting_summary(const Op& op) const;
+  // Opens every registered transport (those that fail to open are left out of PeerInfo).
+  void open_transports(PeerInfo* me);
   Status connect_transports(const std::vector<PeerInfo>& infos);
-  TransportKind choose_transport(const PeerInfo& me, const PeerInfo& other) const;
 
   CommIdentity id_;
   algo::CostModel model_;
   int channels_ = 1;
   int cu_device_ = -1;
   std::vector<PeerInfo> peers_;
-  std::vector<TransportKind> transport_;
+  std::vector<const TransportDesc*> transport_;                  // [peer]
   std::vector<std::vector<std::unique_ptr<Connection>>> conns_;  // [peer][channel]
-  std::shared_ptr<direct::DirectNode> direct_node_;
-  std::unique_ptr<shm::ShmSegment> shm_segment_;
-  std::unique_ptr<tcp::TcpListener> tcp_listener_;
+  // The transports this rank opened, and their per-communicator resources. Destroyed after
+  // the connections.
+  struct OpenTransport {
+    const TransportDesc* desc = nullptr;
+    std::unique_ptr<TransportInstance> instance;
+  };
+  std::vector<OpenTransport> open_;
+  UniqueFd rendezvous_;
 
   std::atomic<State> state_{State::kInitializing};
   std::atomic<bool> abort_{false};

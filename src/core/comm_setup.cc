@@ -1,36 +1,53 @@
 // SPDX-License-Identifier: Apache-2.0
 // File: src/core/comm_setup.cc
-// Creating a communicator's connections: publish what this rank offers (PeerInfo), learn the
-// others', pick a transport per peer, connect.
+// Creating a communicator's connections: open every registered transport, publish what this
+// rank offers (PeerInfo), learn the others', pick the cheapest transport per peer, connect.
+// Nothing here names a transport: they come from the registry (transports/registry.h).
 #include <fmt/format.h>
+#include <strings.h>
 
 #include <algorithm>
 
+#include "algo/tuner.h"
 #include "common/bytes.h"
 #include "common/log.h"
 #include "common/params.h"
+#include "common/process.h"
 #include "core/comm.h"
-#include "core/process.h"
-#include "transports/direct/direct_transport.h"
-#include "transports/shm/shm_transport.h"
-#include "transports/tcp/tcp_transport.h"
 
 namespace chorus {
 
 namespace {
-constexpr uint32_t kPeerInfoMagic = 0x43504931;  // "CPI1"
+constexpr uint32_t kPeerInfoMagic = 0x43504932;  // "CPI2"
 constexpr size_t kMaxHostname = 256;
-}  // namespace
+constexpr size_t kMaxTransportName = 32;
+// The message size at which transports' costs are compared.
+constexpr size_t kCostReferenceBytes = 1 << 20;
 
-const char* transport_kind_name(TransportKind kind) {
-  switch (kind) {
-    case TransportKind::kDirect: return "direct";
-    case TransportKind::kShm: return "shm";
-    case TransportKind::kTcp: return "tcp";
-    case TransportKind::kNone: break;
-  }
-  return "none";
+bool forced_auto(const std::string& forced) { return strcasecmp(forced.c_str(), "AUTO") == 0; }
+
+std::string registered_names() {
+  std::string names;
+  for (const TransportDesc* d : transports()) names += (names.empty() ? "" : ", ") + std::string(d->name);
+  return names;
 }
+
+// Whether `d` can carry traffic between a and b (both opened it, and it reaches that far).
+bool usable(const TransportDesc& d, const EndpointInfo& a, const EndpointInfo& b) {
+  if (!a.open || !b.open) return false;
+  switch (d.caps.reach) {
+    case TransportCaps::Reach::kSameProcess:
+      if (!a.same_process(b)) return false;
+      break;
+    case TransportCaps::Reach::kSameHost:
+      if (!a.same_host(b)) return false;
+      break;
+    case TransportCaps::Reach::kAnyHost: break;
+  }
+  return d.reaches == nullptr || d.reaches(a, b);
+}
+
+}  // namespace
 
 std::string PeerInfo::serialize() const {
   ByteWriter w;
@@ -41,18 +58,20 @@ std::string PeerInfo::serialize() const {
   w.put_string(hostname);
   w.put<int32_t>(pid);
   w.put(process_token);
-  w.put<int32_t>(doorbell_fd);
-  w.put<int32_t>(shm_fd);
-  w.put<uint32_t>(tcp_addr.len);
-  w.put_bytes(&tcp_addr.storage, tcp_addr.len);
   w.put<int32_t>(channels);
+  w.put_bytes(&rendezvous.storage, rendezvous.len);
+  w.put<uint32_t>(static_cast<uint32_t>(blobs.size()));
+  for (const Blob& b : blobs) {
+    w.put_string(b.transport);
+    w.put_string(b.bytes);
+  }
   return w.take();
 }
 
 Result<PeerInfo> PeerInfo::parse(std::string_view bytes) {
   ByteReader r(bytes);
   PeerInfo p;
-  uint32_t magic = 0, addr_len = 0;
+  uint32_t magic = 0, count = 0;
   std::string addr;
   CHORUS_RETURN_IF_ERROR(r.get(&magic));
   if (magic != kPeerInfoMagic) return remote_error("peer info record has a bad magic {:#x}", magic);
@@ -62,14 +81,24 @@ Result<PeerInfo> PeerInfo::parse(std::string_view bytes) {
   CHORUS_RETURN_IF_ERROR(r.get_string(&p.hostname, kMaxHostname));
   CHORUS_RETURN_IF_ERROR(r.get(&p.pid));
   CHORUS_RETURN_IF_ERROR(r.get(&p.process_token));
-  CHORUS_RETURN_IF_ERROR(r.get(&p.doorbell_fd));
-  CHORUS_RETURN_IF_ERROR(r.get(&p.shm_fd));
-  CHORUS_RETURN_IF_ERROR(r.get(&addr_len));
-  CHORUS_RETURN_IF_ERROR(r.get_string(&addr, sizeof(p.tcp_addr.storage)));
   CHORUS_RETURN_IF_ERROR(r.get(&p.channels));
-  if (addr.size() != addr_len) return remote_error("peer info record has a bad address");
-  std::memcpy(&p.tcp_addr.storage, addr.data(), addr.size());
-  p.tcp_addr.len = addr_len;
+  CHORUS_RETURN_IF_ERROR(r.get_string(&addr, sizeof(p.rendezvous.storage)));
+  std::memcpy(&p.rendezvous.storage, addr.data(), addr.size());
+  p.rendezvous.len = static_cast<socklen_t>(addr.size());
+  CHORUS_RETURN_IF_ERROR(r.get(&count));
+  if (count > kMaxTransports)
+    return remote_error("peer info record lists {} transports (at most {})", count, kMaxTransports);
+  for (uint32_t i = 0; i < count; ++i) {
+    Blob b;
+    CHORUS_RETURN_IF_ERROR(r.get_string(&b.transport, kMaxTransportName));
+    CHORUS_RETURN_IF_ERROR(r.get_string(&b.bytes, kMaxTransportBlob));
+    for (const Blob& other : p.blobs)
+      if (other.transport == b.transport)
+        return remote_error("peer info record lists transport '{}' twice", b.transport);
+    p.blobs.push_back(std::move(b));
+  }
+  if (r.remaining() != 0)
+    return remote_error("peer info record has {} trailing bytes", r.remaining());
   return p;
 }
 
@@ -77,18 +106,46 @@ std::string PeerInfo::describe() const {
   return fmt::format("rank {} (host {}, pid {})", rank, hostname, pid);
 }
 
-TransportKind Comm::choose_transport(const PeerInfo& me, const PeerInfo& other) const {
-  bool same_host = me.host_hash == other.host_hash;
-  bool same_process = same_host && me.pid == other.pid && me.process_token == other.process_token;
-  bool shm_ok = same_host && me.shm_fd >= 0 && other.shm_fd >= 0 && me.doorbell_fd >= 0 &&
-                other.doorbell_fd >= 0;
-  const std::string& forced = params::kTransport.get();
-  if (forced == "TCP") return TransportKind::kTcp;
-  if (forced == "SHM") return shm_ok ? TransportKind::kShm : TransportKind::kNone;
-  if (forced == "DIRECT") return same_process ? TransportKind::kDirect : TransportKind::kNone;
-  if (same_process) return TransportKind::kDirect;
-  if (shm_ok) return TransportKind::kShm;
-  return TransportKind::kTcp;
+EndpointInfo PeerInfo::endpoint(const char* transport) const {
+  EndpointInfo e;
+  e.rank = rank;
+  e.host_hash = host_hash;
+  e.hostname = hostname;
+  e.pid = pid;
+  e.process_token = process_token;
+  for (const Blob& b : blobs) {
+    if (b.transport != transport) continue;
+    e.open = true;
+    e.blob = b.bytes;
+  }
+  return e;
+}
+
+void Comm::open_transports(PeerInfo* me) {
+  TransportContext ctx;
+  ctx.rank = rank();
+  ctx.nranks = nranks();
+  ctx.comm_uid = uid();
+  ctx.secret = secret();
+  ctx.channels = channels_;
+  ctx.comm_label = describe();
+  for (const TransportDesc* desc : transports()) {
+    auto opened = desc->open(ctx);
+    if (!opened.ok()) {
+      CHORUS_WARN(kInit, "{}: transport {} is not available: {}", describe(), desc->name,
+                  opened.status().message());
+      continue;
+    }
+    if (!*opened) continue;  // not usable here; peers choose another transport to us
+    std::string blob = (*opened)->blob();
+    if (blob.empty() || blob.size() > kMaxTransportBlob) {
+      CHORUS_WARN(kInit, "{}: transport {} published a {}-byte blob; left out", describe(),
+                  desc->name, blob.size());
+      continue;
+    }
+    me->blobs.push_back(PeerInfo::Blob{desc->name, std::move(blob)});
+    open_.push_back(OpenTransport{desc, std::move(opened).value()});
+  }
 }
 
 Status Comm::setup(const ExchangeFn& exchange) {
@@ -101,20 +158,11 @@ Status Comm::setup(const ExchangeFn& exchange) {
   me.hostname = process.hostname();
   me.pid = process.pid();
   me.process_token = process.token();
-  me.doorbell_fd = process.doorbell_fd();
   me.channels = channels_;
   if (nranks() > 1) {
-    direct_node_ = direct::register_node(uid(), rank());
-    auto segment = shm::ShmSegment::create();
-    if (segment.ok()) {
-      shm_segment_ = std::move(segment).value();
-      me.shm_fd = shm_segment_->fd();
-    } else {
-      CHORUS_WARN(kShm, "no shared memory for {}: {}", describe(), segment.status().message());
-    }
     CHORUS_ASSIGN_OR_RETURN(net::Interface iface, net::pick_interface());
-    CHORUS_ASSIGN_OR_RETURN(tcp_listener_, tcp::TcpListener::create(iface.addr));
-    me.tcp_addr = tcp_listener_->address();
+    CHORUS_ASSIGN_OR_RETURN(rendezvous_, net::listen_socket(iface.addr, &me.rendezvous));
+    open_transports(&me);
   }
   CHORUS_ASSIGN_OR_RETURN(std::vector<std::string> blobs, exchange(me.serialize()));
   if (blobs.size() != static_cast<size_t>(nranks())) {
@@ -146,90 +194,104 @@ Status Comm::setup(const ExchangeFn& exchange) {
   CHORUS_ASSIGN_OR_RETURN(model_, algo::calibrate(*this));
   set_state(State::kReady);
   if (log::enabled(log::Level::kInfo, log::kInit)) {
-    int counts[4] = {};
-    for (TransportKind k : transport_) ++counts[static_cast<int>(k)];
-    CHORUS_INFO(kInit, "{} ready on {}: peers over direct {}, shm {}, tcp {}; {} channel(s); "
-                "cost model {}", describe(), me.hostname, counts[1], counts[2], counts[3],
-                channels_, model_.to_string());
+    std::string used;
+    for (const OpenTransport& t : open_) {
+      int n = 0;
+      for (const TransportDesc* d : transport_) n += d == t.desc ? 1 : 0;
+      used += fmt::format("{}{} {}", used.empty() ? "" : ", ", t.desc->name, n);
+    }
+    CHORUS_INFO(kInit, "{} ready on {}: peers over {}; {} channel(s); cost model {}", describe(),
+                me.hostname, used, channels_, model_.to_string());
   }
   return Status();
 }
 
 Status Comm::connect_transports(const std::vector<PeerInfo>& infos) {
-  const PeerInfo& me = infos[rank()];
   Deadline deadline = Deadline::after_ms(params::kConnectTimeoutMs.get(), &abort_);
-  transport_.assign(nranks(), TransportKind::kNone);
+  const std::string& forced = params::kTransport.get();
+  const TransportDesc* only = nullptr;
+  if (!forced_auto(forced)) {
+    only = find_transport(forced);
+    if (only == nullptr) {
+      return invalid_usage("CHORUS_TRANSPORT={} names no transport of this build (AUTO, {})",
+                           forced, registered_names());
+    }
+  }
+  // Link costs: the transports' declared figures, or measured ones from a tuner file.
+  std::vector<algo::TunerFile::Link> measured;
+  if (const std::string& path = params::kTunerFile.get(); !path.empty()) {
+    if (auto file = algo::read_tuner_file(path); file.ok()) measured = file->links;
+  }
+  auto cost_of = [&](const TransportDesc* d) {
+    for (const auto& link : measured)
+      if (strcasecmp(link.transport.c_str(), d->name) == 0)
+        return LinkCost{link.alpha_us, link.beta_gbps}.time_us(kCostReferenceBytes);
+    return d->cost.time_us(kCostReferenceBytes);
+  };
+  // The cheapest usable transport for each pair, judged on (lower rank, higher rank) so that
+  // both ends agree.
+  auto choose = [&](int a, int b) -> const TransportDesc* {
+    const PeerInfo& lo = infos[std::min(a, b)];
+    const PeerInfo& hi = infos[std::max(a, b)];
+    const TransportDesc* best = nullptr;
+    double best_cost = 0;
+    for (const TransportDesc* d : transports()) {
+      if (only != nullptr && d != only) continue;
+      if (!usable(*d, lo.endpoint(d->name), hi.endpoint(d->name))) continue;
+      double c = cost_of(d);
+      if (best == nullptr || c < best_cost) {
+        best = d;
+        best_cost = c;
+      }
+    }
+    return best;
+  };
+  transport_.assign(nranks(), nullptr);
   conns_.clear();
   conns_.resize(nranks());
-  std::vector<int> direct_peers;
-  std::vector<int> local_ranks;  // every rank of our host, for the shared-memory layout
-  std::vector<tcp::TcpPeer> tcp_peers;
-  for (int r = 0; r < nranks(); ++r) {
-    if (infos[r].host_hash == me.host_hash && infos[r].shm_fd >= 0) local_ranks.push_back(r);
-    if (r == rank()) continue;
-    TransportKind kind = choose_transport(me, infos[r]);
-    if (kind == TransportKind::kNone) {
-      return invalid_usage("CHORUS_TRANSPORT={} cannot reach {} from rank {}",
-                           params::kTransport.get(), infos[r].describe(), rank());
-    }
-    transport_[r] = kind;
-    if (kind == TransportKind::kDirect) direct_peers.push_back(r);
-    if (kind == TransportKind::kTcp) {
-      tcp_peers.push_back(tcp::TcpPeer{
-          r, infos[r].tcp_addr, fmt::format("host {}, pid {}", infos[r].hostname, infos[r].pid)});
+  std::vector<bool> used(transports().size(), false);  // by any pair of the communicator
+  for (int a = 0; a < nranks(); ++a) {
+    for (int b = a + 1; b < nranks(); ++b) {
+      const TransportDesc* d = choose(a, b);
+      if (d == nullptr) {
+        if (a != rank() && b != rank()) continue;  // their problem; they report it
+        const PeerInfo& other = infos[a == rank() ? b : a];
+        std::string offered;
+        for (const auto& blob : other.blobs) offered += " " + blob.transport;
+        return invalid_usage("no transport reaches {} from rank {} (CHORUS_TRANSPORT={}; it "
+                             "opened:{}; this rank opened:{})", other.describe(), rank(), forced,
+                             offered.empty() ? " none" : offered, [&] {
+                               std::string mine;
+                               for (const auto& t : open_) mine += " " + std::string(t.desc->name);
+                               return mine.empty() ? std::string(" none") : mine;
+                             }());
+      }
+      for (size_t i = 0; i < transports().size(); ++i) used[i] = used[i] || transports()[i] == d;
+      if (a == rank()) transport_[b] = d;
+      if (b == rank()) transport_[a] = d;
     }
   }
-  auto place = [&](const std::vector<int>& ranks,
-                   std::vector<std::vector<std::unique_ptr<Connection>>> conns) {
-    for (size_t i = 0; i < ranks.size(); ++i)
-      if (conns_[ranks[i]].empty()) conns_[ranks[i]] = std::move(conns[i]);
-  };
-  if (!direct_peers.empty()) {
-    direct::DirectSetup setup{rank(), uid(), channels_, direct_node_, direct_peers, deadline};
-    CHORUS_ASSIGN_OR_RETURN(auto conns, direct::connect_all(setup));
-    place(direct_peers, std::move(conns));
-  }
-  bool any_shm = std::any_of(transport_.begin(), transport_.end(),
-                             [](TransportKind k) { return k == TransportKind::kShm; });
-  if (any_shm) {
-    shm::ShmSetup setup;
-    setup.rank = rank();
-    setup.channels = channels_;
-    setup.fifo_bytes = static_cast<size_t>(params::kShmFifoBytes.get()) / 64 * 64;
-    setup.segment = shm_segment_.get();
-    setup.local_ranks = local_ranks;
-    setup.deadline = deadline;
-    std::vector<int> shm_ranks;
-    for (int r : local_ranks) {
-      if (r == rank()) continue;
-      setup.peers.push_back(shm::ShmPeer{r, infos[r].pid, infos[r].shm_fd, infos[r].doorbell_fd});
-      shm_ranks.push_back(r);
+  for (OpenTransport& t : open_) {
+    size_t index = std::find(transports().begin(), transports().end(), t.desc) - transports().begin();
+    if (!used[index]) continue;
+    std::vector<EndpointInfo> all;
+    for (const PeerInfo& info : infos) all.push_back(info.endpoint(t.desc->name));
+    std::vector<int> peers;
+    for (int r = 0; r < nranks(); ++r)
+      if (transport_[r] == t.desc) peers.push_back(r);
+    CHORUS_ASSIGN_OR_RETURN(ConnectionTable conns, t.instance->connect(all, peers, deadline));
+    if (conns.size() != peers.size()) {
+      return internal_error("transport {} returned {} connection sets for {} peers", t.desc->name,
+                            conns.size(), peers.size());
     }
-    CHORUS_ASSIGN_OR_RETURN(auto conns, shm::connect_all(setup));
-    // Ranks of our own process are reached directly; drop their shared-memory connections.
-    for (size_t i = 0; i < shm_ranks.size(); ++i)
-      if (transport_[shm_ranks[i]] != TransportKind::kShm) conns[i].clear();
-    place(shm_ranks, std::move(conns));
-  }
-  if (!tcp_peers.empty()) {
-    tcp::TcpSetup setup;
-    setup.rank = rank();
-    setup.comm_uid = uid();
-    setup.secret = secret();
-    setup.channels = channels_;
-    setup.bounce_bytes = static_cast<size_t>(params::kTcpBounceBytes.get());
-    setup.listener = tcp_listener_.get();
-    setup.peers = tcp_peers;
-    setup.deadline = deadline;
-    CHORUS_ASSIGN_OR_RETURN(auto conns, tcp::connect_all(setup));
-    std::vector<int> ranks;
-    for (const auto& p : tcp_peers) ranks.push_back(p.rank);
-    place(ranks, std::move(conns));
+    for (size_t i = 0; i < peers.size(); ++i) conns_[peers[i]] = std::move(conns[i]);
   }
   for (int r = 0; r < nranks(); ++r) {
     if (r != rank() && conns_[r].size() != static_cast<size_t>(channels_))
       return internal_error("no connection to {}", infos[r].describe());
-    if (transport_[r] == TransportKind::kShm) peer_watch_.add(r, infos[r].pid, infos[r].describe());
+    // A same-host process can die silently (its shared memory stays mapped): watch it.
+    if (r != rank() && infos[r].host_hash == infos[rank()].host_hash && infos[r].pid != infos[rank()].pid)
+      peer_watch_.add(r, infos[r].pid, infos[r].describe());
   }
   return Status();
 }

@@ -12,7 +12,7 @@
 #include "common/clock.h"
 #include "common/log.h"
 #include "common/params.h"
-#include "core/process.h"
+#include "common/process.h"
 
 namespace chorus {
 

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // File: tests/fuzz/auth_fuzz.cc
-// The authentication handshake (src/bootstrap/auth.h), the first bytes every bootstrap and TCP
+// The authentication handshake (src/net/auth.h), the first bytes every bootstrap and TCP
 // connection reads. Input byte 0 picks the mode:
 //   bit 0 = 0  a hostile peer: one real Handshake (initiator or responder, bit 1) reads the
 //              rest of the input as everything the peer sends, split into pieces of
@@ -17,11 +17,11 @@
 #include <algorithm>
 #include <array>
 
-#include "bootstrap/auth.h"
+#include "net/auth.h"
 #include "fuzz_common.h"
 
-using chorus::bootstrap::Handshake;
-using chorus::bootstrap::Secret;
+using chorus::net::Handshake;
+using chorus::net::Secret;
 using chorus::fuzz::Input;
 
 namespace {

@@ -34,7 +34,7 @@ void check_hello(std::string_view payload) {
     FUZZ_CHECK(h2.root0_secret_wrapped.bytes == h.root0_secret_wrapped.bytes);
   }
   // The wrap is its own inverse.
-  chorus::bootstrap::Secret key;
+  chorus::net::Secret key;
   key.bytes[0] = 1;
   FUZZ_CHECK(wire::wrap_secret(wire::wrap_secret(h.root0_secret_wrapped, key), key).bytes ==
              h.root0_secret_wrapped.bytes);

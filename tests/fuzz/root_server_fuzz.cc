@@ -19,7 +19,7 @@
 #include <vector>
 
 #include "bootstrap/root_server.h"
-#include "bootstrap/socket.h"
+#include "net/socket.h"
 #include "fuzz_common.h"
 
 using namespace chorus;

@@ -36,8 +36,8 @@ void write_seed(const std::string& target, const std::string& name, const std::s
 
 net::SockAddr addr(const char* ip, uint16_t port) { return net::SockAddr::parse(ip, port).value(); }
 
-bootstrap::Secret secret(uint8_t seed) {
-  bootstrap::Secret s;
+net::Secret secret(uint8_t seed) {
+  net::Secret s;
   for (size_t i = 0; i < s.bytes.size(); ++i) s.bytes[i] = static_cast<uint8_t>(seed * 31 + i);
   return s;
 }
@@ -211,13 +211,15 @@ void peer_info() {
   p.hostname = "node7";
   p.pid = 4242;
   p.process_token = 99;
-  p.doorbell_fd = 7;
-  p.shm_fd = 9;
-  p.tcp_addr = addr("10.0.0.2", 40000);
+  p.rendezvous = addr("10.0.0.2", 40000);
   p.channels = 2;
+  p.blobs = {{"direct", "direct"}, {"shm", std::string("\x09\0\0\0\x07\0\0\0", 8)},
+             {"tcp", std::string(reinterpret_cast<const char*>(&p.rendezvous.storage),
+                                 p.rendezvous.len)}};
   write_seed("peer_info", "ipv4", p.serialize());
-  p.tcp_addr = addr("fd00::2", 40001);
-  p.shm_fd = -1;
+  p.rendezvous = addr("fd00::2", 40001);
+  p.blobs = {{"tcp", std::string(reinterpret_cast<const char*>(&p.rendezvous.storage),
+                                 p.rendezvous.len)}};
   write_seed("peer_info", "ipv6_no_shm", p.serialize());
 }
 

@@ -14,6 +14,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/params.h"
 #include "support/coll_check.h"
 #include "support/rank_group.h"
 
@@ -350,3 +351,40 @@ TEST_CASE("ncclGroupSimulateEnd estimates without running", "[ranks][api]") {
 
 }  // namespace
 }  // namespace chorus::test
+
+// Transports come from the registry: CHORUS_TRANSPORT names one of them (any case), and a
+// name the build does not have is a clear usage error listing those it has.
+TEST_CASE("CHORUS_TRANSPORT forces a registered transport or names the ones there are",
+          "[ranks][api][transport]") {
+  struct Env {
+    explicit Env(const char* value) {
+      setenv("CHORUS_TRANSPORT", value, 1);
+      chorus::params::reload_for_testing();
+    }
+    ~Env() {
+      unsetenv("CHORUS_TRANSPORT");
+      chorus::params::reload_for_testing();
+    }
+  };
+  for (const char* name : {"direct", "SHM", "Tcp"}) {
+    Env env(name);
+    chorus::test::RankGroup group(3);
+    INFO(name << ": " << group.init_error());
+    REQUIRE(group.init_error().empty());
+    std::string failures = group.run([](int rank, ncclComm_t comm) -> std::string {
+      std::vector<float> buf(1000, 0.25f * static_cast<float>(rank + 1));
+      if (ncclAllReduce(buf.data(), buf.data(), buf.size(), ncclFloat, ncclSum, comm, nullptr) !=
+          ncclSuccess)
+        return ncclGetLastError(comm);
+      for (float v : buf)
+        if (v != 1.5f) return "wrong sum " + std::to_string(v);
+      return "";
+    });
+    CHECK(failures.empty());
+  }
+  Env env("carrier-pigeon");
+  chorus::test::RankGroup group(2);
+  CHECK_THAT(group.init_error(), Catch::Contains("CHORUS_TRANSPORT=carrier-pigeon names no "
+                                                 "transport") &&
+                                     Catch::Contains("direct, shm, tcp"));
+}

@@ -18,8 +18,8 @@
 #include <thread>
 #include <vector>
 
-#include "bootstrap/auth.h"
-#include "bootstrap/socket.h"
+#include "net/auth.h"
+#include "net/socket.h"
 #include "bootstrap/unique_id.h"
 #include "bootstrap/wire.h"
 

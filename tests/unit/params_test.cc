@@ -72,8 +72,8 @@ TEST_CASE("environment values are read, CHORUS_ names before NCCL_ ones", "[unit
   CHECK(kSocketIfname.source() == "env NCCL_SOCKET_IFNAME");
   env.set("CHORUS_SOCKET_IFNAME", "^docker");
   CHECK(kSocketIfname.get() == "^docker");
-  env.set("CHORUS_TRANSPORT", "tcp");  // choices are case-insensitive
-  CHECK(kTransport.get() == "TCP");
+  env.set("CHORUS_TUNER", "static");  // choices are case-insensitive
+  CHECK(kTuner.get() == "STATIC");
 }
 
 TEST_CASE("invalid values keep the default", "[unit][params]") {
@@ -83,8 +83,8 @@ TEST_CASE("invalid values keep the default", "[unit][params]") {
   CHECK(kTimeoutMs.source() == "default");
   env.set("CHORUS_NCHANNELS", "99");  // out of range
   CHECK(kNumChannels.get() == 1);
-  env.set("CHORUS_TRANSPORT", "carrier-pigeon");
-  CHECK(kTransport.get() == "AUTO");
+  env.set("CHORUS_TUNER", "carrier-pigeon");
+  CHECK(kTuner.get() == "MEASURE");
 }
 
 TEST_CASE("a config file supplies values the environment does not", "[unit][params]") {

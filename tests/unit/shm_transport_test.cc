@@ -27,7 +27,7 @@
 #include <vector>
 
 #include "common/params.h"
-#include "core/process.h"
+#include "common/process.h"
 #include "kernels/fp8/convert.h"
 #include "kernels/reduce/reduce.h"
 

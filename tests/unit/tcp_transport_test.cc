@@ -13,7 +13,7 @@
 #include <thread>
 #include <vector>
 
-#include "bootstrap/auth.h"
+#include "net/auth.h"
 #include "bootstrap/wire.h"
 #include "common/dtype.h"
 #include "kernels/reduce/reduce.h"
@@ -53,7 +53,7 @@ std::unique_ptr<TcpListener> loopback_listener() {
 }
 
 std::vector<TcpSetup> make_setups(const std::vector<std::unique_ptr<TcpListener>>& listeners,
-                                  const bootstrap::Secret& secret, int channels, size_t bounce) {
+                                  const net::Secret& secret, int channels, size_t bounce) {
   int n = static_cast<int>(listeners.size());
   std::vector<TcpSetup> setups(n);
   for (int r = 0; r < n; ++r) {
@@ -94,7 +94,7 @@ std::vector<Status> run_setups(std::vector<TcpSetup>& setups, std::vector<TcpCon
 Group make_group(int n, int channels = 1, size_t bounce = 1 << 20) {
   Group g;
   for (int r = 0; r < n; ++r) g.listeners.push_back(loopback_listener());
-  g.setups = make_setups(g.listeners, bootstrap::Secret::random(), channels, bounce);
+  g.setups = make_setups(g.listeners, net::Secret::random(), channels, bounce);
   for (const Status& st : run_setups(g.setups, &g.conns)) {
     INFO(st.to_string());
     REQUIRE(st.ok());
@@ -307,7 +307,7 @@ TEST_CASE("tcp: a peer that closes fails pending receives and sends", "[unit][tc
 TEST_CASE("tcp: intruders are dropped while the ranks connect", "[unit][tcp]") {
   std::vector<std::unique_ptr<TcpListener>> listeners;
   for (int r = 0; r < 2; ++r) listeners.push_back(loopback_listener());
-  bootstrap::Secret secret = bootstrap::Secret::random();
+  net::Secret secret = net::Secret::random();
   auto setups = make_setups(listeners, secret, 2, 1 << 20);
   const net::SockAddr target = listeners[1]->address();  // rank 1 accepts from rank 0
   // Rank 1 starts accepting; rank 0 only starts once the intruders have been judged.
@@ -317,7 +317,7 @@ TEST_CASE("tcp: intruders are dropped while the ranks connect", "[unit][tcp]") {
   {
     auto fd = net::connect_socket(target, Deadline::after_ms(3000));
     REQUIRE(fd.ok());
-    wrong_secret = bootstrap::auth_initiator(fd->get(), bootstrap::Secret::random(),
+    wrong_secret = net::auth_initiator(fd->get(), net::Secret::random(),
                                              auth_context(kUid), Deadline::after_ms(3000));
   }
   {
@@ -325,7 +325,7 @@ TEST_CASE("tcp: intruders are dropped while the ranks connect", "[unit][tcp]") {
     auto fd = net::connect_socket(target, Deadline::after_ms(3000));
     REQUIRE(fd.ok());
     REQUIRE(
-        bootstrap::auth_initiator(fd->get(), secret, auth_context(kUid), Deadline::after_ms(3000))
+        net::auth_initiator(fd->get(), secret, auth_context(kUid), Deadline::after_ms(3000))
             .ok());
     uint8_t ident[24] = {};
     bootstrap::wire::put_u32(ident, 0x43485449);
@@ -354,7 +354,7 @@ TEST_CASE("tcp: intruders are dropped while the ranks connect", "[unit][tcp]") {
 TEST_CASE("tcp: a missing peer times out with a message naming it", "[unit][tcp]") {
   std::vector<std::unique_ptr<TcpListener>> listeners;
   for (int r = 0; r < 3; ++r) listeners.push_back(loopback_listener());
-  auto setups = make_setups(listeners, bootstrap::Secret::random(), 1, 1 << 20);
+  auto setups = make_setups(listeners, net::Secret::random(), 1, 1 << 20);
   // Rank 1 alone: rank 0 never connects to it, rank 2 never accepts.
   setups[1].deadline = Deadline::after_ms(400);
   auto result = connect_all(setups[1]);

@@ -3,7 +3,7 @@
 
 #include <cstring>
 
-#include "core/process.h"
+#include "common/process.h"
 #include "kernels/reduce/reduce.h"
 
 namespace chorus::direct {

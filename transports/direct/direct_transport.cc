@@ -7,7 +7,7 @@
 #include <thread>
 
 #include "common/log.h"
-#include "core/process.h"
+#include "common/process.h"
 #include "transports/direct/direct_connection.h"
 
 namespace chorus::direct {

@@ -13,7 +13,7 @@
 
 #include "common/log.h"
 #include "common/params.h"
-#include "core/process.h"
+#include "common/process.h"
 #include "kernels/reduce/reduce.h"
 
 namespace chorus::shm {

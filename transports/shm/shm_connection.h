@@ -10,7 +10,7 @@
 #include <memory>
 #include <vector>
 
-#include "core/process.h"
+#include "common/process.h"
 #include "transports/transport.h"
 
 namespace chorus::shm {

@@ -20,7 +20,7 @@
 #include <utility>
 
 #include "common/log.h"
-#include "core/process.h"
+#include "common/process.h"
 #include "transports/shm/shm_connection.h"
 
 namespace chorus::shm {

@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "bootstrap/socket.h"
+#include "net/socket.h"
 #include "common/unique_fd.h"
 #include "transports/transport.h"
 

@@ -13,7 +13,7 @@
 #include <cstring>
 #include <unordered_map>
 
-#include "bootstrap/wire.h"
+#include "common/bytes.h"
 #include "common/log.h"
 #include "transports/tcp/tcp_connection.h"
 
@@ -27,10 +27,10 @@ constexpr int64_t kIncomingHandshakeMs = 5000;
 constexpr size_t kMaxPendingIncoming = 256;
 constexpr int kMaxChannels = 64;
 
-using bootstrap::wire::get_u32;
-using bootstrap::wire::get_u64;
-using bootstrap::wire::put_u32;
-using bootstrap::wire::put_u64;
+using le::get_u32;
+using le::get_u64;
+using le::put_u32;
+using le::put_u64;
 
 // One connection being set up.
 struct Link {
@@ -49,7 +49,7 @@ struct Link {
   int channel = 0;
   UniqueFd fd;
   net::SockAddr addr;
-  std::unique_ptr<bootstrap::Handshake> hs;
+  std::unique_ptr<net::Handshake> hs;
   short events = POLLIN;
   uint8_t buf[kIdentBytes] = {};
   size_t want = 0;
@@ -227,7 +227,7 @@ void Connector::accept_new() {
     auto link = std::make_unique<Link>();
     link->fd = std::move(fd);
     link->addr = addr;
-    link->hs = std::make_unique<bootstrap::Handshake>(bootstrap::Handshake::Role::kResponder,
+    link->hs = std::make_unique<net::Handshake>(net::Handshake::Role::kResponder,
                                                       setup_.secret, context_, addr.to_string());
     link->expires_ns = std::min(setup_.deadline.at_ns(), now_ns() + kIncomingHandshakeMs * 1000000);
     links_.push_back(std::move(link));
@@ -358,7 +358,7 @@ Status Connector::after_connect(Link& l, int err) {
     return ok_status();
   }
   if (err == 0) {
-    l.hs = std::make_unique<bootstrap::Handshake>(bootstrap::Handshake::Role::kInitiator,
+    l.hs = std::make_unique<net::Handshake>(net::Handshake::Role::kInitiator,
                                                   setup_.secret, context_, l.addr.to_string());
     l.phase = Link::Phase::kAuth;
     return ok_status();

@@ -9,8 +9,8 @@
 #include <memory>
 #include <vector>
 
-#include "bootstrap/auth.h"
-#include "bootstrap/socket.h"
+#include "net/auth.h"
+#include "net/socket.h"
 #include "common/clock.h"
 #include "common/params.h"
 #include "common/status.h"
@@ -47,7 +47,7 @@ struct TcpPeer {
 struct TcpSetup {
   int rank = -1;
   uint64_t comm_uid = 0;
-  bootstrap::Secret secret;         // the communicator's: every connection proves it
+  net::Secret secret;         // the communicator's: every connection proves it
   int channels = 1;                 // connections per peer, equal on every rank (1..64)
   size_t bounce_bytes = 1 << 20;    // per-connection staging buffer of reducing receives
   TcpListener* listener = nullptr;  // ours; required when a peer has a lower rank
@@ -59,7 +59,7 @@ using TcpConnections = std::vector<std::vector<std::unique_ptr<Connection>>>;
 
 // Opens one TCP connection per peer and channel, all in parallel without blocking on any one
 // peer: for each pair the lower rank connects (retrying refusals) and the higher rank accepts.
-// Each connection runs the mutual handshake (bootstrap/auth.h, context "chorus-tcp:<uid>",
+// Each connection runs the mutual handshake (net/auth.h, context "chorus-tcp:<uid>",
 // setup.secret); then the connector identifies itself (rank, channel, comm_uid) and the
 // acceptor acknowledges. Incoming connections that fail authentication, come from a rank that
 // is not an expected lower-ranked peer, name another communicator, or duplicate a channel are

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-#include "core/process.h"
+#include "common/process.h"
 
 #include <linux/futex.h>
 #include <sched.h>

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// File: src/bootstrap/interfaces.cc
+// File: src/net/interfaces.cc
 // Which local interface address bootstrap and TCP use: getifaddrs(), filtered by
 // CHORUS_SOCKET_FAMILY and CHORUS_SOCKET_IFNAME (NCCL_SOCKET_IFNAME syntax).
 #include <ifaddrs.h>
@@ -9,7 +9,7 @@
 #include <algorithm>
 #include <cerrno>
 
-#include "bootstrap/socket.h"
+#include "net/socket.h"
 #include "common/params.h"
 
 namespace chorus::net {

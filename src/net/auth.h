@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// File: src/bootstrap/auth.h
+// File: src/net/auth.h
 // Shared secrets and the mutual challenge-response handshake that every bootstrap and TCP
 // connection runs first. Both ends prove they know the secret without sending it.
 //
@@ -24,7 +24,7 @@
 #include "common/clock.h"
 #include "common/status.h"
 
-namespace chorus::bootstrap {
+namespace chorus::net {
 
 struct Secret {
   std::array<uint8_t, 32> bytes{};
@@ -105,4 +105,4 @@ Status auth_initiator(int fd, const Secret& secret, std::string_view context, De
 Status auth_responder(int fd, const Secret& secret, std::string_view context, Deadline deadline,
                       Secret* session_key = nullptr);
 
-}  // namespace chorus::bootstrap
+}  // namespace chorus::net

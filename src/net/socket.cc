@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
-// File: src/bootstrap/socket.cc
+// File: src/net/socket.cc
 // Socket addresses, deadline-bounded connect/accept and full-buffer IO. Interface selection
 // lives in interfaces.cc.
-#include "bootstrap/socket.h"
+#include "net/socket.h"
 
 #include <arpa/inet.h>
 #include <fcntl.h>

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// File: src/core/process.h
+// File: src/common/process.h
 // Per-process identity and the doorbell that wakes this process's sleeping threads.
 //
 // A thread with nothing to do sleeps on its process's doorbell (a futex word in a small

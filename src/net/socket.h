@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// File: src/bootstrap/socket.h
+// File: src/net/socket.h
 // TCP socket helpers shared by the bootstrap and the TCP transport: addresses, interface
 // selection (CHORUS_SOCKET_IFNAME / NCCL_SOCKET_IFNAME), and deadline-bounded connect, accept
 // and full-buffer IO on non-blocking sockets.

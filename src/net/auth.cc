@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
-// File: src/bootstrap/auth.cc
+// File: src/net/auth.cc
 // HMAC-SHA256 challenge-response (see auth.h for the wire format).
-#include "bootstrap/auth.h"
+#include "net/auth.h"
 
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
@@ -13,13 +13,13 @@
 #include <cstring>
 #include <mutex>
 
-#include "bootstrap/socket.h"
-#include "bootstrap/wire.h"
+#include "net/socket.h"
+#include "common/bytes.h"
 #include "common/fork_safe_mutex.h"
 #include "common/log.h"
-#include "core/process.h"
+#include "common/process.h"
 
-namespace chorus::bootstrap {
+namespace chorus::net {
 
 namespace {
 
@@ -79,8 +79,8 @@ Handshake::Handshake(Role role, const Secret& secret, std::string_view context, 
     : role_(role), secret_(secret), context_(context), peer_(std::move(peer)) {
   if (role_ == Role::kInitiator) {
     fill_random(nonce_i_.data(), nonce_i_.size());
-    wire::put_u32(&buf_[0], kAuthMagic);
-    wire::put_u32(&buf_[4], kAuthVersion);
+    le::put_u32(&buf_[0], kAuthMagic);
+    le::put_u32(&buf_[4], kAuthVersion);
     std::memcpy(&buf_[8], nonce_i_.data(), 32);
     phase_ = Phase::kSendHello;
     want_ = kHelloBytes;
@@ -95,7 +95,7 @@ Secret Handshake::mac(char label) const {
   input.reserve(1 + 4 + context_.size() + 64);
   input.push_back(label);
   uint8_t len[4];
-  wire::put_u32(len, static_cast<uint32_t>(context_.size()));
+  le::put_u32(len, static_cast<uint32_t>(context_.size()));
   input.append(reinterpret_cast<const char*>(len), 4);
   input.append(context_);
   input.append(reinterpret_cast<const char*>(nonce_i_.data()), nonce_i_.size());
@@ -149,7 +149,7 @@ Status Handshake::on_io_complete() {
       start(Phase::kRecvVerdict, kVerdictBytes);
       return ok_status();
     case Phase::kRecvVerdict:
-      if (wire::get_u32(&buf_[0]) != kAuthMagic || wire::get_u32(&buf_[4]) != kAccepted) {
+      if (le::get_u32(&buf_[0]) != kAuthMagic || le::get_u32(&buf_[4]) != kAccepted) {
         return remote_error(
             "authentication failed: {} rejected our proof of the secret "
             "(the ranks hold different ncclUniqueIds or secrets?)",
@@ -158,17 +158,17 @@ Status Handshake::on_io_complete() {
       phase_ = Phase::kDone;
       return ok_status();
     case Phase::kRecvHello: {
-      if (wire::get_u32(&buf_[0]) != kAuthMagic || wire::get_u32(&buf_[4]) != kAuthVersion) {
+      if (le::get_u32(&buf_[0]) != kAuthMagic || le::get_u32(&buf_[4]) != kAuthVersion) {
         return remote_error(
             "authentication failed: {} does not speak the Chorus handshake "
             "(magic 0x{:08x}, version {})",
-            peer_, wire::get_u32(&buf_[0]), wire::get_u32(&buf_[4]));
+            peer_, le::get_u32(&buf_[0]), le::get_u32(&buf_[4]));
       }
       std::memcpy(nonce_i_.data(), &buf_[8], 32);
       fill_random(nonce_r_.data(), nonce_r_.size());
       Secret proof_r = mac('R');
-      wire::put_u32(&buf_[0], kAuthMagic);
-      wire::put_u32(&buf_[4], kAuthVersion);
+      le::put_u32(&buf_[0], kAuthMagic);
+      le::put_u32(&buf_[4], kAuthVersion);
       std::memcpy(&buf_[8], nonce_r_.data(), 32);
       std::memcpy(&buf_[40], proof_r.bytes.data(), 32);
       start(Phase::kSendChallenge, kChallengeBytes);
@@ -189,11 +189,11 @@ Status Handshake::on_io_complete() {
 }
 
 Status Handshake::on_challenge() {
-  if (wire::get_u32(&buf_[0]) != kAuthMagic || wire::get_u32(&buf_[4]) != kAuthVersion) {
+  if (le::get_u32(&buf_[0]) != kAuthMagic || le::get_u32(&buf_[4]) != kAuthVersion) {
     return remote_error(
         "authentication failed: {} does not speak the Chorus handshake "
         "(magic 0x{:08x}, version {})",
-        peer_, wire::get_u32(&buf_[0]), wire::get_u32(&buf_[4]));
+        peer_, le::get_u32(&buf_[0]), le::get_u32(&buf_[4]));
   }
   std::memcpy(nonce_r_.data(), &buf_[8], 32);
   Secret claimed;
@@ -206,7 +206,7 @@ Status Handshake::on_challenge() {
   }
   Secret proof_i = mac('I');
   session_key_ = mac('K');
-  wire::put_u32(&buf_[0], kAuthMagic);
+  le::put_u32(&buf_[0], kAuthMagic);
   std::memcpy(&buf_[4], proof_i.bytes.data(), 32);
   start(Phase::kSendProof, kProofBytes);
   return ok_status();
@@ -215,10 +215,10 @@ Status Handshake::on_challenge() {
 Status Handshake::on_proof() {
   Secret claimed;
   std::memcpy(claimed.bytes.data(), &buf_[4], 32);
-  reject_ = wire::get_u32(&buf_[0]) != kAuthMagic || !(claimed == mac('I'));
+  reject_ = le::get_u32(&buf_[0]) != kAuthMagic || !(claimed == mac('I'));
   if (!reject_) session_key_ = mac('K');
-  wire::put_u32(&buf_[0], kAuthMagic);
-  wire::put_u32(&buf_[4], reject_ ? kRejected : kAccepted);
+  le::put_u32(&buf_[0], kAuthMagic);
+  le::put_u32(&buf_[4], reject_ ? kRejected : kAccepted);
   start(Phase::kSendVerdict, kVerdictBytes);
   return ok_status();
 }
@@ -258,4 +258,4 @@ Status auth_responder(int fd, const Secret& secret, std::string_view context, De
   return run_handshake(Handshake::Role::kResponder, fd, secret, context, deadline, session_key);
 }
 
-}  // namespace chorus::bootstrap
+}  // namespace chorus::net
