@@ -1,22 +1,21 @@
 // SPDX-License-Identifier: Apache-2.0
 // File: src/api/api_init.cc
-// Communicator life cycle: unique ids, initialisation (by rank, all-in-process, scalable),
-// split, shrink, finalize, destroy, abort, revoke.
+// Communicator life cycle entry points: unique ids, initialisation (by rank, all-in-process,
+// scalable), split, shrink, finalize, destroy, abort, revoke. They validate and translate; how
+// a communicator is made, split or shrunk is core's (core/lifecycle.h).
 #include <nccl.h>
 
 #include <algorithm>
-#include <map>
-#include <mutex>
 #include <thread>
 
 #include "api/api_util.h"
 #include "bootstrap/bootstrap.h"
-#include "bootstrap/root_server.h"
 #include "bootstrap/unique_id.h"
 #include "common/bytes.h"
 #include "common/clock.h"
 #include "common/params.h"
 #include "core/engine.h"
+#include "core/lifecycle.h"
 #include "core/group.h"
 #include "core/internal_ops.h"
 
@@ -24,44 +23,11 @@ namespace chorus::api {
 
 namespace {
 
-// Threads running non-blocking initialisations, joined by destroy/abort.
-std::mutex g_init_threads_mutex;
-std::map<const void*, std::thread>& init_threads() {
-  static auto* map = new std::map<const void*, std::thread>();
-  return *map;
-}
-
-void join_init_thread(const void* handle) {
-  std::thread t;
-  {
-    std::lock_guard<std::mutex> lock(g_init_threads_mutex);
-    auto it = init_threads().find(handle);
-    if (it == init_threads().end()) return;
-    t = std::move(it->second);
-    init_threads().erase(it);
-  }
-  if (t.joinable()) t.join();
-}
-
-// Runs `setup` for a registered comm: now, at the group's end, or in the background.
-Status start_setup(const std::shared_ptr<Comm>& comm, ncclComm_t handle,
-                   std::function<Status()> setup) {
-  auto job = [comm, setup = std::move(setup)]() -> Status {
-    log::set_thread_rank(comm->rank());
-    Status s = setup();
-    if (!s.ok()) {
-      comm->poison(s);
-      comm->set_state(Comm::State::kFailed);
-    }
-    return s;
-  };
-  if (in_group()) return submit_init(job);
-  if (!comm->config().blocking) {
-    std::lock_guard<std::mutex> lock(g_init_threads_mutex);
-    init_threads()[handle] = std::thread([job] { (void)job(); });
-    return Status(Code::kInProgress, "initializing");
-  }
-  return job();
+// Registers the handle of a new comm and starts its setup (core/lifecycle.h).
+Status register_and_start(const NewComm& c, ncclComm_t* out) {
+  ncclComm_t handle = register_comm(c.comm);
+  *out = handle;
+  return start_setup(c, handle);
 }
 
 Status init_rank(ncclComm_t* out, int nranks, const std::vector<bootstrap::UniqueId>& ids,
@@ -73,20 +39,11 @@ Status init_rank(ncclComm_t* out, int nranks, const std::vector<bootstrap::Uniqu
   CommConfig defaults;
   defaults.cu_device = cu_device;
   CHORUS_ASSIGN_OR_RETURN(CommConfig cfg, parse_config(config, defaults));
-  CommIdentity identity{rank, nranks, ids.front().comm_uid, ids.front().secret, cfg};
-  auto comm = std::make_shared<Comm>(identity);
-  ncclComm_t handle = register_comm(comm);
-  *out = handle;
-  Status s = start_setup(comm, handle, [comm, ids, rank, nranks]() -> Status {
-    Deadline deadline = comm->cancellable_deadline(params::kBootstrapTimeoutMs.get());
-    return comm->setup([&](const std::string& mine) {
-      return ids.size() == 1 ? bootstrap::exchange(ids.front(), rank, nranks, mine, deadline)
-                             : bootstrap::exchange_scalable(ids, rank, nranks, mine, deadline);
-    });
-  });
+  NewComm c = make_comm(ids, rank, nranks, cfg);
+  Status s = register_and_start(c, out);
   if (!s.ok() && s.code() != Code::kInProgress && !in_group()) {
-    unregister_comm(handle);
-    comm->shutdown();
+    unregister_comm(*out);
+    c.comm->shutdown();
     *out = nullptr;
   }
   return s;
@@ -94,103 +51,6 @@ Status init_rank(ncclComm_t* out, int nranks, const std::vector<bootstrap::Uniqu
 
 Result<bootstrap::UniqueId> decode(const ncclUniqueId& id) {
   return bootstrap::decode_unique_id(id.internal);
-}
-
-uint64_t child_uid(uint64_t parent, uint32_t ordinal, int color) {
-  uint64_t h = parent ^ 0x9e3779b97f4a7c15ull;
-  for (uint64_t v : {static_cast<uint64_t>(ordinal), static_cast<uint64_t>(color) + 1}) {
-    h ^= v + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
-    h *= 0xff51afd7ed558ccdull;
-  }
-  return h;
-}
-
-// Builds the child comm of a split or shrink over `members` (parent ranks, in new-rank order)
-// and connects it through the parent. The records go round `exchange` (parent ranks, members
-// among them): a split exchanges among all parent ranks, so that every parent rank runs the
-// same internal operations on the parent whatever its colour (NCCL_SPLIT_NOCOLOR included);
-// otherwise the parent's internal sequence numbers part and its next split fails.
-Status make_child(const std::shared_ptr<Comm>& parent, std::vector<int> members,
-                  std::vector<int> exchange, uint32_t ordinal, int color, const CommConfig& cfg,
-                  ncclComm_t* newcomm) {
-  int new_rank = static_cast<int>(std::find(members.begin(), members.end(), parent->rank()) -
-                                  members.begin());
-  uint64_t uid = child_uid(parent->uid(), ordinal, color);
-  CommIdentity identity{new_rank, static_cast<int>(members.size()), uid,
-                        parent->secret().derive(fmt::format("child:{:x}", uid)), cfg};
-  auto comm = std::make_shared<Comm>(identity);
-  ncclComm_t handle = register_comm(comm);
-  *newcomm = handle;
-  return start_setup(comm, handle, [comm, parent, members, exchange]() -> Status {
-    return comm->setup([&](const std::string& mine) -> Result<std::vector<std::string>> {
-      CHORUS_ASSIGN_OR_RETURN(std::vector<std::string> records,
-                              allgather_records(*parent, exchange, mine));
-      std::vector<std::string> out;
-      for (int r : members)
-        out.push_back(std::move(records[std::find(exchange.begin(), exchange.end(), r) -
-                                        exchange.begin()]));
-      return out;
-    });
-  });
-}
-
-// The survivors of a shrink cannot count on the parent's connections: a failed comm has
-// closed them, and a peer may have died in the middle of a message. So they meet afresh, at
-// a rendezvous served by the lowest surviving rank on (a duplicate of) the listening socket
-// its parent comm already published, authenticated with a secret derived from the parent's:
-// only members of the parent can join, and the excluded ranks are simply never waited for.
-Status shrink(const std::shared_ptr<Comm>& parent, const std::vector<int>& members,
-              uint32_t ordinal, const CommConfig& cfg, ncclComm_t* newcomm) {
-  const int new_rank = static_cast<int>(
-      std::find(members.begin(), members.end(), parent->rank()) - members.begin());
-  const int nranks = static_cast<int>(members.size());
-  bootstrap::UniqueId id;
-  id.comm_uid = child_uid(parent->uid(), ordinal, -2);
-  id.secret = parent->secret().derive(fmt::format("shrink:{:x}", id.comm_uid));
-  id.root = parent->peer(members.front()).rendezvous;
-  if (nranks > 1 && new_rank == 0) {
-    CHORUS_ASSIGN_OR_RETURN(UniqueFd listener, parent->dup_listener());
-    CHORUS_RETURN_IF_ERROR(bootstrap::start_root_server(std::move(listener), id,
-                                                        params::kBootstrapTimeoutMs.get()));
-  }
-  CommIdentity identity{new_rank, nranks, id.comm_uid,
-                        id.secret.derive(fmt::format("child:{:x}", id.comm_uid)), cfg};
-  auto comm = std::make_shared<Comm>(identity);
-  ncclComm_t handle = register_comm(comm);
-  *newcomm = handle;
-  return start_setup(comm, handle, [comm, id, new_rank, nranks]() -> Status {
-    Deadline deadline = comm->cancellable_deadline(params::kBootstrapTimeoutMs.get());
-    return comm->setup([&](const std::string& mine) -> Result<std::vector<std::string>> {
-      if (nranks == 1) return std::vector<std::string>{mine};
-      return bootstrap::exchange(id, new_rank, nranks, mine, deadline);
-    });
-  });
-}
-
-Status split(const std::shared_ptr<Comm>& parent, int color, int key, const CommConfig& cfg,
-             ncclComm_t* newcomm) {
-  // Every parent rank learns every (color, key); then each color group builds its comm.
-  ByteWriter w;
-  w.put<int32_t>(color);
-  w.put<int32_t>(key);
-  std::vector<int> all(parent->nranks());
-  for (int r = 0; r < parent->nranks(); ++r) all[r] = r;
-  uint32_t ordinal = parent->next_child_ordinal();
-  CHORUS_ASSIGN_OR_RETURN(std::vector<std::string> records, allgather_records(*parent, all, w.take()));
-  // A NOCOLOR rank still takes part in the exchange of the children's records (see make_child).
-  if (color == NCCL_SPLIT_NOCOLOR) return allgather_records(*parent, all, std::string()).status();
-  std::vector<std::pair<int, int>> group;  // (key, parent rank)
-  for (int r = 0; r < parent->nranks(); ++r) {
-    ByteReader rd(records[r]);
-    int32_t c = 0, k = 0;
-    CHORUS_RETURN_IF_ERROR(rd.get(&c));
-    CHORUS_RETURN_IF_ERROR(rd.get(&k));
-    if (c == color) group.emplace_back(k, r);
-  }
-  std::sort(group.begin(), group.end());
-  std::vector<int> members;
-  for (const auto& [k, r] : group) members.push_back(r);
-  return make_child(parent, members, all, ordinal, color, cfg, newcomm);
 }
 
 }  // namespace
@@ -302,7 +162,9 @@ ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t* newc
     CHORUS_ASSIGN_OR_RETURN(CommConfig cfg, parse_config(config, parent->config()));
     cfg.cu_device = parent->cu_device();
     return submit_init([parent, color, key, cfg, newcomm]() -> Status {
-      return split(parent, color, key, cfg, newcomm);
+      CHORUS_ASSIGN_OR_RETURN(NewComm child, make_split_child(parent, color, key, cfg));
+      if (!child.comm) return Status();  // NCCL_SPLIT_NOCOLOR: *newcomm stays NULL
+      return register_and_start(child, newcomm);
     }, parent.get());
   });
 }
@@ -339,7 +201,8 @@ ncclResult_t ncclCommShrink(ncclComm_t comm, int* excludeRanksList, int excludeR
     if (shrinkFlags == NCCL_SHRINK_ABORT) parent->request_abort();
     uint32_t ordinal = parent->next_child_ordinal();
     return submit_init([parent, members, ordinal, cfg, newcomm]() -> Status {
-      return shrink(parent, members, ordinal, cfg, newcomm);
+      CHORUS_ASSIGN_OR_RETURN(NewComm child, make_shrink_child(parent, members, ordinal, cfg));
+      return register_and_start(child, newcomm);
     });
   });
 }
@@ -367,7 +230,7 @@ Status destroy(ncclComm_t handle, bool abort) {
     comm->request_abort();
     comm->set_state(Comm::State::kAborted);
   }
-  join_init_thread(handle);
+  join_setup(handle);
   if (comm->state() != Comm::State::kInitializing)
     drive_until([&] { return !comm->has_pending_ops(); }, {comm.get()});
   if (abort && busy) {

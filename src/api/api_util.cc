@@ -38,7 +38,9 @@ ncclResult_t to_nccl(Code code) { return static_cast<ncclResult_t>(code); }
 
 ncclResult_t report(const char* function, const Status& status) {
   t_last_error = fmt::format("{}: {}", function, status.message());
-  CHORUS_WARN(kInit, "{} failed: {} ({})", function, status.message(), code_name(status.code()));
+  // An error logged where it was detected (a transport, a comm that broke) is not logged again.
+  if (!status.logged())
+    CHORUS_WARN(kInit, "{} failed: {} ({})", function, status.message(), code_name(status.code()));
   return to_nccl(status.code());
 }
 

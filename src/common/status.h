@@ -44,12 +44,21 @@ class [[nodiscard]] Status {
   const std::string& message() const;
   // Prepends context: "while X: <message>". No-op on OK.
   Status& with_context(std::string_view context);
+  // Errors are logged once, where they are detected: whoever logs one marks it, and the
+  // layers it passes through on its way to the caller (Comm::poison, the API's report) do not
+  // log it again. Copies keep the mark. No-op on OK.
+  Status& mark_logged() {
+    if (rep_) rep_->logged = true;
+    return *this;
+  }
+  bool logged() const { return rep_ && rep_->logged; }
   std::string to_string() const;
 
  private:
   struct Rep {
     Code code;
     std::string message;
+    bool logged = false;
   };
   std::unique_ptr<Rep> rep_;
 };

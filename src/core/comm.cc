@@ -58,14 +58,16 @@ Status Comm::async_status() const {
   return Status();
 }
 
-void Comm::poison(const Status& why) {
+void Comm::poison(Status& why) {
+  const bool first_log = !why.logged();
+  why.mark_logged();
   {
     std::lock_guard<std::mutex> lock(status_mutex_);
     if (!failure_.ok()) return;
     failure_ = why;
     failed_.store(true, std::memory_order_release);
   }
-  CHORUS_WARN(kColl, "{}: {}", describe(), why.message());
+  if (first_log) CHORUS_WARN(kColl, "{}: {}", describe(), why.message());
   CHORUS_WARN(kColl, "{}", recorder_.dump(describe()));
   if (state() == State::kReady) state_.store(State::kFailed, std::memory_order_release);
   ProcessContext::get().ring_local();

@@ -113,7 +113,8 @@ class Comm : public std::enable_shared_from_this<Comm> {
   Status async_status() const;
   // Marks the comm broken by `why` (a remote failure, a timeout, a mismatch): queued and future
   // operations fail with it. Keeps the first reason.
-  void poison(const Status& why);
+  // Logs `why` unless it was logged where it was detected, and marks it logged.
+  void poison(Status& why);
   bool aborting() const { return abort_.load(std::memory_order_acquire); }
   // A deadline `ms` from now that also expires when the comm is aborted (setup waits).
   Deadline cancellable_deadline(int64_t ms) const { return Deadline::after_ms(ms, &abort_); }

@@ -531,8 +531,8 @@ void ShmConnection::read_farewell(const MsgHeader& header, const RecvRequest& re
 
 void ShmConnection::fail_all(Status status) {
   farewell(status);
-  set_error(std::move(status));
-  CHORUS_WARN(kShm, "{}", error().message());
+  CHORUS_WARN(kShm, "{}", status.message());
+  set_error(std::move(status.mark_logged()));
   fail_queue(&sends_);
   fail_queue(&by_reference_);
   fail_queue(&recvs_);

@@ -340,6 +340,7 @@ void TcpConnection::read_farewell(const RecvRequest* req) {
 void TcpConnection::fail_all(Status status) {
   farewell(status);
   if (!broken_) CHORUS_WARN(kNet, "{}", status.message());
+  status.mark_logged();
   broken_ = true;
   set_error(std::move(status));
   while (!sends_.empty()) sends_.pop()->fail();
