@@ -7,6 +7,7 @@
 #include <sched.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -85,25 +86,41 @@ Result<pid_t> spawn_in_netns(const std::string& program, char* const* argv, char
   return pid;
 }
 
-// The program's path, as execvp would find it (resolved before any fork).
-std::string resolve_program(const std::string& name) {
-  if (name.find('/') != std::string::npos) return name;
+// The program's path, as execvp would find it, checked before any rank starts: a name that
+// cannot be run is one clear error, not N failed ranks.
+Result<std::string> resolve_program(const std::string& name) {
+  auto runnable = [](const std::string& path) -> Status {
+    struct stat st {};
+    if (stat(path.c_str(), &st) != 0) return system_error(errno, fmt::format("cannot start {}", path));
+    if (S_ISDIR(st.st_mode)) return invalid_argument("cannot start {}: it is a directory", path);
+    if (access(path.c_str(), X_OK) != 0)
+      return system_error(errno, fmt::format("cannot start {} (no execute permission?)", path));
+    return Status();
+  };
+  if (name.empty()) return invalid_argument("no program to start");
+  if (name.find('/') != std::string::npos) {
+    CHORUS_RETURN_IF_ERROR(runnable(name));
+    return name;
+  }
   const char* path = std::getenv("PATH");
   std::string dirs = path ? path : "/usr/bin:/bin";
   size_t pos = 0;
   while (pos <= dirs.size()) {
     size_t colon = dirs.find(':', pos);
-    std::string candidate = dirs.substr(pos, colon - pos) + "/" + name;
-    if (access(candidate.c_str(), X_OK) == 0) return candidate;
+    std::string dir = dirs.substr(pos, colon - pos);
+    std::string candidate = (dir.empty() ? "." : dir) + "/" + name;
+    if (runnable(candidate).ok()) return candidate;
     if (colon == std::string::npos) break;
     pos = colon + 1;
   }
-  return name;
+  return invalid_argument("cannot start {}: no executable of that name on PATH ({})", name, dirs);
 }
 
+// Signals only ranks that were started (pid > 0): kill(0, ...) would hit the launcher's own
+// process group, and with it the shell or CI job that called it.
 void stop_all(std::vector<RankExit>& ranks, const std::vector<bool>& done) {
   for (size_t r = 0; r < ranks.size(); ++r)
-    if (!done[r]) {
+    if (!done[r] && ranks[r].pid > 0) {
       kill(ranks[r].pid, SIGTERM);
       ranks[r].killed_by_us = true;
     }
@@ -113,6 +130,7 @@ void stop_all(std::vector<RankExit>& ranks, const std::vector<bool>& done) {
 
 Result<std::vector<RankExit>> run(const Options& o) {
   if (o.nranks < 1 || o.argv.empty()) return invalid_argument("need at least one rank and a program");
+  CHORUS_ASSIGN_OR_RETURN(std::string program, resolve_program(o.argv[0]));
   ncclUniqueId id;
   if (ncclGetUniqueId(&id) != ncclSuccess)
     return Status(Code::kSystemError, fmt::format("ncclGetUniqueId: {}", ncclGetLastError(nullptr)));
@@ -131,10 +149,11 @@ Result<std::vector<RankExit>> run(const Options& o) {
     ranks[r].rank = r;
     Status started;
     if (o.netns.empty()) {
-      int err = posix_spawnp(&ranks[r].pid, argv[0], nullptr, nullptr, argv.data(), envp.data());
+      int err = posix_spawn(&ranks[r].pid, program.c_str(), nullptr, nullptr, argv.data(),
+                            envp.data());
       if (err != 0) started = system_error(err, fmt::format("cannot start {}", o.argv[0]));
     } else {
-      auto pid = spawn_in_netns(resolve_program(o.argv[0]), argv.data(), envp.data(),
+      auto pid = spawn_in_netns(program, argv.data(), envp.data(),
                                 o.netns[r % o.netns.size()]);
       if (pid.ok()) ranks[r].pid = *pid;
       else started = pid.take_status();
@@ -173,7 +192,7 @@ Result<std::vector<RankExit>> run(const Options& o) {
     }
     if (stopping && now_ns() - stop_ns > 2000000000) {
       for (int r = 0; r < o.nranks; ++r)
-        if (!done[r]) kill(ranks[r].pid, SIGKILL);
+        if (!done[r] && ranks[r].pid > 0) kill(ranks[r].pid, SIGKILL);
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }

@@ -60,3 +60,21 @@ TEST_CASE("multi-process matrix over shared memory, every message by reference",
 TEST_CASE("multi-process matrix over shared memory, no message by reference", "[mp][shm]") {
   run_workers(2, "SHM", "matrix", {"CHORUS_SHM_CMA_BYTES=0"});
 }
+
+// AllReduce results bit-identical on every rank, every algorithm, float datatype and operator
+// (tests/support/identical_check.h; 2 to 8 ranks as threads in tests/ranks/identical_test.cc).
+TEST_CASE("AllReduce is bit-identical on every rank over shared memory with 2 ranks", "[mp][shm][identical]") {
+  run_workers(2, "SHM", "identical");
+}
+TEST_CASE("AllReduce is bit-identical on every rank over shared memory with 3 ranks", "[mp][shm][identical]") {
+  run_workers(3, "SHM", "identical");
+}
+TEST_CASE("AllReduce is bit-identical on every rank over shared memory with 4 ranks", "[mp][shm][identical]") {
+  run_workers(4, "SHM", "identical");
+}
+TEST_CASE("AllReduce is bit-identical on every rank over shared memory with 8 ranks", "[mp][shm][identical]") {
+  run_workers(8, "SHM", "identical");
+}
+TEST_CASE("AllReduce is bit-identical on every rank over TCP with 3 ranks", "[mp][tcp][identical]") {
+  run_workers(3, "TCP", "identical");
+}

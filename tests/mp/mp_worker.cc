@@ -3,6 +3,10 @@
 // One rank of a multi-process test, started by the launcher (chorus-run's library):
 //   chorus_mp_worker matrix [max_count]   every collective x datatype x op x count, in place and
 //                                         not, on this process's rank; exit 0 iff all correct.
+//   chorus_mp_worker identical            AllReduce with every algorithm (CHORUS_ALGO switched
+//                                         between them), float datatype and operator on random
+//                                         data: every rank's output bit-identical to every
+//                                         other's, and right against fp64 (identical_check.h).
 #include <chorus/launch.h>
 #include <fmt/format.h>
 
@@ -10,7 +14,9 @@
 #include <cstring>
 #include <string>
 
+#include "common/params.h"
 #include "support/coll_check.h"
+#include "support/identical_check.h"
 
 using namespace chorus::test;
 
@@ -53,11 +59,32 @@ int run_matrix(ncclComm_t comm, int rank, int nranks, size_t max_count, bool str
   return failures == 0 ? 0 : 1;
 }
 
+// Every rank switches CHORUS_ALGO at the same point of its sequence of calls, so all ranks run
+// each call with the same algorithm.
+int run_identical(ncclComm_t comm, int rank, int nranks) {
+  int failures = 0;
+  for (const std::string& spec : allreduce_algorithm_specs()) {
+    setenv("CHORUS_ALGO", spec.c_str(), 1);
+    chorus::params::reload_for_testing();
+    uint64_t seed = 7919 * static_cast<uint64_t>(nranks);
+    std::string error = check_allreduce_identical(comm, seed);
+    if (!error.empty()) {
+      ++failures;
+      fmt::print(stderr, "rank {}: CHORUS_ALGO={}:\n{}", rank, spec, error);
+      if (error.find("returned") != std::string::npos) return 1;  // the comm is broken
+    }
+  }
+  if (rank == 0)
+    fmt::print("rank 0: {} algorithms, {} with failures\n", allreduce_algorithm_specs().size(),
+               failures);
+  return failures == 0 ? 0 : 1;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    fmt::print(stderr, "usage: {} matrix|stream-matrix [max_count]\n", argv[0]);
+    fmt::print(stderr, "usage: {} matrix|stream-matrix [max_count] | identical\n", argv[0]);
     return 2;
   }
   ncclUniqueId id;
@@ -75,6 +102,7 @@ int main(int argc, char** argv) {
   int rc = 2;
   if (std::strcmp(argv[1], "matrix") == 0) rc = run_matrix(comm, rank, nranks, max_count, false);
   if (std::strcmp(argv[1], "stream-matrix") == 0) rc = run_matrix(comm, rank, nranks, max_count, true);
+  if (std::strcmp(argv[1], "identical") == 0) rc = run_identical(comm, rank, nranks);
   if (ncclCommDestroy(comm) != ncclSuccess) {
     fmt::print(stderr, "rank {}: ncclCommDestroy: {}\n", rank, ncclGetLastError(nullptr));
     return 1;

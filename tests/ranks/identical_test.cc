@@ -1,0 +1,93 @@
+// SPDX-License-Identifier: Apache-2.0
+// AllReduce gives every rank bit-identical results, with every algorithm (and the tuner's
+// choice), every float datatype and operator, on 2 to 8 ranks as threads (the direct
+// transport): random non-integer data of mixed magnitudes, outputs compared bit for bit
+// across all ranks and against an fp64 reference (tests/support/identical_check.h). The same
+// check runs over shared memory and TCP in tests/mp.
+#include <catch2/catch.hpp>
+
+#include <cstdlib>
+#include <set>
+#include <string>
+
+#include "algo/tuner.h"
+#include "common/params.h"
+#include "support/identical_check.h"
+#include "support/rank_group.h"
+
+namespace chorus::test {
+namespace {
+
+// Sets an environment variable for the scope of one test (parameters are re-read).
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const std::string& value) : name_(name) {
+    setenv(name, value.c_str(), 1);
+    params::reload_for_testing();
+  }
+  ~ScopedEnv() {
+    unsetenv(name_);
+    params::reload_for_testing();
+  }
+
+ private:
+  const char* name_;
+};
+
+void run_identical(const std::string& spec) {
+  ScopedEnv algo("CHORUS_ALGO", spec);
+  std::string failures;
+  for (int nranks = 2; nranks <= 8; ++nranks) {
+    RankGroup group(nranks);
+    REQUIRE(group.init_error().empty());
+    std::string f = group.run([&](int, ncclComm_t comm) {
+      return check_allreduce_identical(comm, /*seed=*/static_cast<uint64_t>(nranks));
+    });
+    if (!f.empty()) failures += "with " + std::to_string(nranks) + " ranks: " + f;
+  }
+  if (failures.size() > 8000) failures = failures.substr(0, 8000) + "... (cut)";
+  if (!failures.empty()) FAIL("CHORUS_ALGO=" << spec << ":\n" << failures);
+}
+
+// The specs that have a test case below.
+std::set<std::string>& tested_specs() {
+  static std::set<std::string> specs;
+  return specs;
+}
+struct TestedSpec {
+  explicit TestedSpec(const char* spec) { tested_specs().insert(spec); }
+};
+
+#define IDENTICAL_TEST(ID, SPEC)                                                             \
+  const TestedSpec tested_##ID(SPEC);                                                        \
+  TEST_CASE("AllReduce results are bit-identical on every rank with " SPEC,                 \
+            "[ranks][algo][identical]") {                                                    \
+    run_identical(SPEC);                                                                     \
+  }
+
+IDENTICAL_TEST(auto, "auto")
+IDENTICAL_TEST(ring, "allreduce:ring")
+IDENTICAL_TEST(rd, "allreduce:rd")
+IDENTICAL_TEST(rhd, "allreduce:rhd")
+IDENTICAL_TEST(oneshot, "allreduce:oneshot")
+IDENTICAL_TEST(twoshot, "allreduce:twoshot")
+IDENTICAL_TEST(tree, "allreduce:tree")
+
+TEST_CASE("the bit-identity check covers every AllReduce algorithm", "[ranks][algo][identical]") {
+  // A new AllReduce algorithm needs an IDENTICAL_TEST above and an entry in
+  // allreduce_algorithm_specs() (which the multi-process check runs).
+  const auto& specs = allreduce_algorithm_specs();
+  std::set<std::string> listed(specs.begin(), specs.end());
+  CHECK(listed.count("auto") == 1);
+  CHECK(tested_specs().count("auto") == 1);
+  for (algo::Algo a : algo::algorithms_for(CollKind::kAllReduce)) {
+    std::string spec = std::string("allreduce:") + algo::algo_name(a);
+    INFO(spec);
+    CHECK(listed.count(spec) == 1);
+    CHECK(tested_specs().count(spec) == 1);
+  }
+  CHECK(listed.size() == algo::algorithms_for(CollKind::kAllReduce).size() + 1);
+}
+
+}  // namespace
+}  // namespace chorus::test
