@@ -68,7 +68,7 @@ void Comm::poison(Status& why) {
     failed_.store(true, std::memory_order_release);
   }
   if (first_log) CHORUS_WARN(kColl, "{}: {}", describe(), why.message());
-  CHORUS_WARN(kColl, "{}", recorder_.dump(describe()));
+  CHORUS_WARN(kColl, "{}", recorder_.dump(describe(), /*with_failures=*/false));
   if (state() == State::kReady) state_.store(State::kFailed, std::memory_order_release);
   ProcessContext::get().ring_local();
 }

@@ -15,6 +15,7 @@ FlightRecorder::Entry& FlightRecorder::next_entry() {
   e.started_ns = e.ended_ns = 0;
   e.state = State::kQueued;
   e.detail.clear();
+  e.failure.clear();
   return e;
 }
 
@@ -40,10 +41,7 @@ void FlightRecorder::finished(uint64_t id, const Status& status) {
   if (Entry* e = find(id)) {
     e->state = status.ok() ? State::kDone : State::kFailed;
     e->ended_ns = now;
-    if (!status.ok()) {
-      std::string why = status.to_string();
-      e->detail = e->detail.empty() ? why : fmt::format("{}; {}", e->detail, why);
-    }
+    e->failure = status.ok() ? std::string() : status.to_string();
   }
 }
 
@@ -52,7 +50,7 @@ void FlightRecorder::pending(uint64_t id, std::string waiting) {
   if (Entry* e = find(id)) e->detail = std::move(waiting);
 }
 
-std::string FlightRecorder::dump(const std::string& owner) const {
+std::string FlightRecorder::dump(const std::string& owner, bool with_failures) const {
   std::lock_guard<std::mutex> lock(mutex_);
   const int64_t now = now_coarse_ns();
   auto ms = [](int64_t ns) { return static_cast<double>(ns) / 1e6; };
@@ -78,6 +76,7 @@ std::string FlightRecorder::dump(const std::string& owner) const {
     out += fmt::format("\n  [{}] {} {}, {} bytes: {}", e.id, state, e.what.describe(true),
                        e.what.bytes, timing);
     if (!e.detail.empty()) out += fmt::format("; {}", e.detail);
+    if (!e.failure.empty()) out += with_failures ? fmt::format("; {}", e.failure) : "; (reason logged above)";
   }
   return out;
 }

@@ -42,7 +42,8 @@ class FlightRecorder {
   void pending(uint64_t id, std::string waiting);
 
   // One line per operation, oldest first, under a heading naming `owner`.
-  std::string dump(const std::string& owner) const;
+  // Failed operations show why, unless `with_failures` is false (the failure was just logged).
+  std::string dump(const std::string& owner, bool with_failures = true) const;
 
  private:
   enum class State { kQueued, kRunning, kDone, kFailed };
@@ -52,6 +53,7 @@ class FlightRecorder {
     int64_t queued_ns = 0, started_ns = 0, ended_ns = 0;
     State state = State::kQueued;
     std::string detail;
+    std::string failure;  // why it failed, if it did
   };
   Entry* find(uint64_t id);
   Entry& next_entry();  // the slot of a new entry, reset (mutex_ held)

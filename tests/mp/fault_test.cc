@@ -505,21 +505,34 @@ TEST_CASE("mismatched collectives fail with ncclInvalidUsage naming both calls",
   for (const char* transport : {"SHM", "TCP"}) {
     const int nranks = 2;
     Children children;
-  spawn(&children, nranks, {fmt::format("CHORUS_TRANSPORT={}", transport)},
-                          [&](const ChildEnv& env) -> std::string {
-                            ncclComm_t comm = init(env.id, nranks, env.rank);
-                            if (comm == nullptr) return "init=failed msg=" + last_error();
-                            std::vector<float> buf(2048, 1.0f);
-                            ncclResult_t r =
-                                env.rank == 0
-                                    ? ncclAllReduce(buf.data(), buf.data(), 1024, ncclFloat,
-                                                    ncclSum, comm, nullptr)
-                                    : ncclAllGather(buf.data(), buf.data(), 1024, ncclFloat, comm,
-                                                    nullptr);
-                            std::string msg = last_error();
-                            ncclCommAbort(comm);
-                            return fmt::format("result={} msg={}", static_cast<int>(r), msg);
-                          });
+    // Each rank logs to its own file: the failure must be logged once, where it is detected
+    // (or where the peer's farewell brings it), not again by the comm and the API.
+    std::string log_pattern = fmt::format("/tmp/chorus_fault_log_{}_%p.log", getpid());
+    spawn(&children, nranks,
+          {fmt::format("CHORUS_TRANSPORT={}", transport), "CHORUS_DEBUG=WARN",
+           "CHORUS_DEBUG_FILE=" + log_pattern},
+          [&](const ChildEnv& env) -> std::string {
+            ncclComm_t comm = init(env.id, nranks, env.rank);
+            if (comm == nullptr) return "init=failed msg=" + last_error();
+            std::vector<float> buf(2048, 1.0f);
+            ncclResult_t r =
+                env.rank == 0
+                    ? ncclAllReduce(buf.data(), buf.data(), 1024, ncclFloat, ncclSum, comm, nullptr)
+                    : ncclAllGather(buf.data(), buf.data(), 1024, ncclFloat, comm, nullptr);
+            std::string msg = last_error();
+            ncclCommAbort(comm);
+            std::string path = log_pattern;
+            path.replace(path.find("%p"), 2, std::to_string(getpid()));
+            int mentions = 0;
+            if (FILE* f = fopen(path.c_str(), "r")) {
+              char line[8192];
+              while (fgets(line, sizeof(line), f) != nullptr)
+                if (strstr(line, " but rank ") && strstr(line, "expects")) ++mentions;
+              fclose(f);
+            }
+            unlink(path.c_str());
+            return fmt::format("result={} logged={} msg={}", static_cast<int>(r), mentions, msg);
+          });
     collect(&children, 60000);
     for (const Child& c : children) {
       INFO(transport << ": " << c.report);
@@ -531,6 +544,7 @@ TEST_CASE("mismatched collectives fail with ncclInvalidUsage naming both calls",
       CHECK(kv["msg"].find("AllGather #0") != std::string::npos);
       CHECK(kv["msg"].find("rank 0") != std::string::npos);
       CHECK(kv["msg"].find("rank 1") != std::string::npos);
+      CHECK(kv["logged"] == "1");
     }
   }
 }
