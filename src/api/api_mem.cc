@@ -1,31 +1,14 @@
 // SPDX-License-Identifier: Apache-2.0
 // File: src/api/api_mem.cc
-// Memory: ncclMemAlloc/Free (memfd-backed, so same-host peers could map it), buffer and window
-// registration, PreMulSum operators.
+// Memory: ncclMemAlloc/Free (memfd-backed, so same-host peers can map it), buffer and window
+// registration (core/registration.h), PreMulSum operators.
 #include <nccl.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <sys/syscall.h>
-#include <unistd.h>
-
-#include <map>
-#include <mutex>
 
 #include "api/api_util.h"
-#include "common/unique_fd.h"
+#include "core/registration.h"
 
 namespace chorus::api {
 namespace {
-
-struct Allocation {
-  size_t bytes;
-  int fd;
-};
-std::mutex g_alloc_mutex;
-std::map<void*, Allocation>& allocations() {
-  static auto* map = new std::map<void*, Allocation>();
-  return *map;
-}
 
 struct Window {
   ncclComm_t comm;
@@ -45,38 +28,14 @@ ncclResult_t ncclMemAlloc(void** ptr, size_t size) {
     if (ptr == nullptr) return invalid_argument("ptr is NULL");
     *ptr = nullptr;
     if (size == 0) return invalid_argument("size is 0");
-    size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
-    size_t bytes = (size + page - 1) / page * page;
-    UniqueFd fd(static_cast<int>(syscall(SYS_memfd_create, "chorus-mem", MFD_CLOEXEC)));
-    if (!fd.valid()) return system_error(errno, "memfd_create");
-    fchmod(fd.get(), 0600);
-    if (ftruncate(fd.get(), static_cast<off_t>(bytes)) != 0)
-      return system_error(errno, fmt::format("ftruncate to {} bytes", bytes));
-    void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
-    if (p == MAP_FAILED) return system_error(errno, fmt::format("mmap of {} bytes", bytes));
-    std::lock_guard<std::mutex> lock(g_alloc_mutex);
-    allocations()[p] = Allocation{bytes, fd.release()};
-    *ptr = p;
+    CHORUS_ASSIGN_OR_RETURN(*ptr, alloc_shared(size));
     return Status();
   });
 }
 
 CHORUS_NCCL_API(ncclResult_t, ncclMemFree, void* ptr);
 ncclResult_t ncclMemFree(void* ptr) {
-  return guard("ncclMemFree", [&]() -> Status {
-    Allocation a;
-    {
-      std::lock_guard<std::mutex> lock(g_alloc_mutex);
-      auto it = allocations().find(ptr);
-      if (it == allocations().end())
-        return invalid_argument("{} was not allocated by ncclMemAlloc (or was freed)", ptr);
-      a = it->second;
-      allocations().erase(it);
-    }
-    munmap(ptr, a.bytes);
-    close(a.fd);
-    return Status();
-  });
+  return guard("ncclMemFree", [&]() -> Status { return free_shared(ptr); });
 }
 
 CHORUS_NCCL_API(ncclResult_t, ncclCommRegister, const ncclComm_t comm, void* buff, size_t size,
@@ -88,7 +47,7 @@ ncclResult_t ncclCommRegister(const ncclComm_t comm, void* buff, size_t size, vo
     CHORUS_ASSIGN_OR_RETURN(std::shared_ptr<Comm> c, usable_comm(comm));
     if (buff == nullptr) return invalid_argument("buff is NULL");
     if (size == 0) return invalid_argument("size is 0");
-    *handle = c->register_buffer(buff, size);
+    CHORUS_ASSIGN_OR_RETURN(*handle, c->register_buffer(buff, size));
     return Status();
   });
 }
@@ -114,8 +73,9 @@ ncclResult_t ncclCommWindowRegister(ncclComm_t comm, void* buff, size_t size, nc
       return invalid_argument("winFlags {:#x} has unknown bits", winFlags);
     if (reinterpret_cast<uintptr_t>(buff) % NCCL_WIN_REQUIRED_ALIGNMENT != 0)
       return invalid_argument("buff {} is not aligned to NCCL_WIN_REQUIRED_ALIGNMENT", buff);
-    auto* w = new Window{comm, c->register_buffer(buff, size), buff};
-    *win = reinterpret_cast<ncclWindow_t>(w);
+    auto w = std::make_unique<Window>(Window{comm, nullptr, buff});
+    CHORUS_ASSIGN_OR_RETURN(w->handle, c->register_buffer(buff, size));
+    *win = reinterpret_cast<ncclWindow_t>(w.release());
     return Status();
   });
 }

@@ -91,6 +91,10 @@ StringParam kTunerFile("TUNER_FILE", nullptr, "", nullptr,
                        "cost-model parameters to use instead of measuring (see chorus-info --tune)");
 StringParam kKernels("KERNELS", nullptr, "AUTO", "AUTO,SCALAR,AVX2,AVX512",
                      "reduction kernel table (AUTO: the best the CPU supports)");
+IntParam kRegCacheBytes("REG_CACHE_BYTES", nullptr, 1ll << 30, 0, INT64_MAX,
+                        "buffers an operation registers implicitly (not ncclCommRegister'ed) "
+                        "stay registered for reuse; the least recently used are released while a "
+                        "communicator's registrations exceed this many bytes");
 
 const std::vector<Param*>& all() {
   static const std::vector<Param*> list = {
@@ -99,6 +103,7 @@ const std::vector<Param*>& all() {
       &kShmFifoBytes, &kShmCmaBytes,   &kStreamCopyBytes, &kTcpBounceBytes, &kTimeoutMs,   &kSpinUs,       &kLivenessMs,
       &kFlightRecorderOps, &kCommBlocking,
       &kAlgo,         &kChunkBytes,    &kTuner,        &kTunerFile,   &kKernels,
+      &kRegCacheBytes,
   };
   return list;
 }

@@ -125,5 +125,7 @@ extern StringParam kTuner;
 extern StringParam kTunerFile;
 // Kernels.
 extern StringParam kKernels;
+// Registered memory.
+extern IntParam kRegCacheBytes;
 
 }  // namespace chorus::params

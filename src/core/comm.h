@@ -25,6 +25,7 @@
 #include "core/flight_recorder.h"
 #include "core/liveness.h"
 #include "core/op.h"
+#include "core/registration.h"
 #include "transports/registry.h"
 #include "transports/transport.h"
 
@@ -148,9 +149,23 @@ class Comm : public std::enable_shared_from_this<Comm> {
   // Ordinal of the next split/shrink made from this comm (equal on all ranks).
   uint32_t next_child_ordinal() { return child_ordinal_++; }
 
-  // ---- Buffer registrations ----
-  void* register_buffer(void* buf, size_t bytes);
+  // ---- Buffer registrations (core/registration.h) ----
+  // ncclCommRegister: a new handle for [buf, buf + bytes).
+  Result<void*> register_buffer(void* buf, size_t bytes);
+  // ncclCommDeregister: kInvalidArgument for a foreign handle, kInvalidUsage while an
+  // operation pins the registration (which then stays valid).
   Status deregister_buffer(void* handle);
+  // Pins the registration covering [p, p + bytes) for the operation `what` (a string that
+  // outlives the pin, named in errors) until the pin is released, which must happen before the
+  // comm is destroyed. Empty when the range is not registered, unless `miss` is kRegister (an
+  // implicit registration, cached under CHORUS_REG_CACHE_BYTES).
+  Result<RegistrationPin> pin(
+      const void* p, size_t bytes, const char* what,
+      RegistrationCache::OnMiss miss = RegistrationCache::OnMiss::kEmptyPin) {
+    return registrations_.pin(p, bytes, what, miss);
+  }
+  // Where transports add their key factories (RegistrationCache::add_key_factory).
+  RegistrationCache& registrations() { return registrations_; }
 
   // Closes every connection and frees transport resources (drive lock is taken). Idempotent.
   void shutdown();
@@ -228,8 +243,8 @@ class Comm : public std::enable_shared_from_this<Comm> {
   };
   mutable std::mutex redop_mutex_;
   std::vector<PremulOp> premul_;
-  std::mutex reg_mutex_;
-  std::vector<std::unique_ptr<std::pair<void*, size_t>>> registrations_;
+  // Transports that add key factories remove them when shutdown() closes them.
+  RegistrationCache registrations_{[this] { return describe(); }};
 };
 
 }  // namespace chorus

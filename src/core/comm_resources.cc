@@ -56,21 +56,10 @@ Result<RedOp> Comm::resolve_redop(int id, DataType dtype) const {
   return premul_[slot].op;
 }
 
-void* Comm::register_buffer(void* buf, size_t bytes) {
-  std::lock_guard<std::mutex> lock(reg_mutex_);
-  registrations_.push_back(std::make_unique<std::pair<void*, size_t>>(buf, bytes));
-  return registrations_.back().get();
+Result<void*> Comm::register_buffer(void* buf, size_t bytes) {
+  return registrations_.register_range(buf, bytes);
 }
 
-Status Comm::deregister_buffer(void* handle) {
-  std::lock_guard<std::mutex> lock(reg_mutex_);
-  for (auto it = registrations_.begin(); it != registrations_.end(); ++it) {
-    if (it->get() == handle) {
-      registrations_.erase(it);
-      return Status();
-    }
-  }
-  return invalid_argument("handle {} is not a registration of {}", handle, describe());
-}
+Status Comm::deregister_buffer(void* handle) { return registrations_.deregister(handle); }
 
 }  // namespace chorus
