@@ -70,9 +70,21 @@ struct Request {
   }
 };
 
+// Where a buffer lies in memory that same-host peers can map: byte `offset` of the memfd that
+// is `fd` in the owner's process, whose inode is `inode` (fd numbers are reused; the inode
+// tells a stale mapping from a current one). fd -1: not in such memory.
+struct MemfdLocation {
+  int fd = -1;
+  uint64_t offset = 0;
+  uint64_t inode = 0;
+};
+
 struct SendRequest : Request {
   SendRequest() { is_send = true; }
   const void* buf = nullptr;
+  // Set when buf lies in registered ncclMemAlloc memory: a same-host transport may let the
+  // receiver read it through its own mapping (one copy), holding the send until it has.
+  MemfdLocation memfd;
 };
 
 // Receives `bytes` into dst. With `reduce` set, combines instead of copying:

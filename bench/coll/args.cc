@@ -144,12 +144,13 @@ const option kLongOptions[] = {
     {"root", required_argument, nullptr, 'r'},
     {"average", required_argument, nullptr, 'a'},
     {"blocking", required_argument, nullptr, 'z'},
+    {"local_register", required_argument, nullptr, 'R'},
     {"output_file", required_argument, nullptr, 'J'},
     {"timeout", required_argument, nullptr, 'T'},
     {"help", no_argument, nullptr, 'h'},
     {nullptr, 0, nullptr, 0},
 };
-constexpr const char* kShortOptions = ":t:g:b:e:i:f:n:w:c:o:d:r:a:z:J:T:h";
+constexpr const char* kShortOptions = ":t:g:b:e:i:f:n:w:c:o:d:r:a:z:R:J:T:h";
 
 // The spelling of option `c` for messages: "-b/--minbytes".
 std::string spelling(int c) {
@@ -204,6 +205,7 @@ std::string apply(Options& o, int c, const char* v) {
     case 'c': return set_int(o.check_iters, 0, 1 << 30, "a check count >= 0");
     case 'a': return set_int(o.average, 0, 3, "0 (rank 0), 1 (mean), 2 (min) or 3 (max)");
     case 'z': return set_int(o.blocking, 0, 1, "0 (host stream) or 1 (NULL stream)");
+    case 'R': return set_int(o.local_register, 0, 1, "0 (plain memory) or 1 (registered)");
     case 'T': return set_int(o.timeout_s, 0, 1 << 30, "a number of seconds >= 0");
     case 'J': o.output_file = v; return o.output_file.empty() ? bad("a file name") : "";
     case 'f': {
@@ -326,6 +328,8 @@ std::string usage_text(const char* program) {
       "  -a, --average A         time reported: 0 rank 0, 1 mean, 2 min, 3 max over ranks (1)\n"
       "  -z, --blocking Z        0: issue on a Chorus host stream, then synchronize;\n"
       "                          1: NULL stream, every call completes before returning (0)\n"
+      "  -R, --local_register R  1: buffers from ncclMemAlloc, registered with\n"
+      "                          ncclCommRegister (same-host peers then copy once) (0)\n"
       "  -J, --output_file FILE  also write every row as JSON (FILE.N if FILE exists)\n"
       "  -T, --timeout S         fail if one size takes longer than S seconds (0: never)\n"
       "  -g, --ngpus 1           accepted for compatibility (only 1)\n"

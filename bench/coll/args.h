@@ -28,6 +28,7 @@ struct Options {
   int nthreads = 1;                               // -t: ranks run as threads of each process
   int average = 1;                                // -a: 0 rank 0, 1 mean, 2 min, 3 max over ranks
   int blocking = 0;         // -z: 0 host stream, then synchronize; 1 NULL stream
+  int local_register = 0;   // -R: 1 buffers from ncclMemAlloc, registered on the comm
   int timeout_s = 0;        // -T: 0 none
   std::string output_file;  // -J
   bool help = false;        // -h

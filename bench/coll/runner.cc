@@ -38,7 +38,6 @@ RankRunner::RankRunner(Job& job, int local, Reporter* reporter)
 
 RankRunner::~RankRunner() { teardown(); }
 
-void RankRunner::FreeDeleter::operator()(unsigned char* p) const { std::free(p); }
 
 bool RankRunner::ok(ncclResult_t r, const char* what) {
   if (r == ncclSuccess) return true;
@@ -64,15 +63,40 @@ bool RankRunner::run() {
 
 bool RankRunner::allocate(Buffer* buffer, size_t bytes) {
   size_t rounded = (std::max<size_t>(bytes, 1) + kPage - 1) / kPage * kPage;
-  void* p = std::aligned_alloc(kPage, rounded);
+  void* p = nullptr;
+  if (options_.local_register != 0) {
+    if (!ok(ncclMemAlloc(&p, rounded), "ncclMemAlloc")) return false;
+    buffer->nccl_memory = true;
+  } else {
+    p = std::aligned_alloc(kPage, rounded);
+  }
   if (p == nullptr) {
     job_.fail(fmt::format("rank {}: cannot allocate {} bytes of buffer", rank_, rounded));
     return false;
   }
   std::memset(p, 0, rounded);
-  buffer->data.reset(static_cast<unsigned char*>(p));
+  buffer->data = static_cast<unsigned char*>(p);
   buffer->bytes = rounded;
+  if (options_.local_register != 0)
+    return ok(ncclCommRegister(comm_, p, rounded, &buffer->handle), "ncclCommRegister");
   return true;
+}
+
+void RankRunner::release(Buffer* buffer) {
+  if (buffer->handle != nullptr && comm_ != nullptr) {
+    ncclResult_t r = ncclCommDeregister(comm_, buffer->handle);
+    if (!job_.failed()) ok(r, "ncclCommDeregister");
+  }
+  buffer->handle = nullptr;
+  if (buffer->data != nullptr) {
+    if (buffer->nccl_memory) {
+      ncclResult_t r = ncclMemFree(buffer->data);
+      if (!job_.failed()) ok(r, "ncclMemFree");
+    } else {
+      std::free(buffer->data);
+    }
+  }
+  buffer->data = nullptr;
 }
 
 bool RankRunner::setup() {
@@ -104,6 +128,8 @@ void RankRunner::teardown() {
     stream_ = nullptr;
     if (!job_.failed()) ok(r, "chorusStreamDestroy");
   }
+  release(&send_);
+  release(&recv_);
   if (comm_ != nullptr) {
     ncclResult_t r = job_.destroy(local_);
     comm_ = nullptr;
@@ -266,8 +292,8 @@ RankRunner::Placed RankRunner::place(const Step& step, bool in_place, int iterat
   const size_t total = std::max(step.layout.send_count, step.layout.recv_count) * eb;
   const size_t slots = total > 0 ? std::max<size_t>(options_.max_bytes / total, 1) : 1;
   const size_t shift = total * (static_cast<size_t>(iteration) % slots);
-  unsigned char* send = send_.data.get() + shift;
-  unsigned char* recv = recv_.data.get() + shift;
+  unsigned char* send = send_.data + shift;
+  unsigned char* recv = recv_.data + shift;
   if (!in_place) return {send, recv};
   const size_t rank = static_cast<size_t>(rank_);
   return {recv + step.layout.send_inplace_offset * rank * eb,

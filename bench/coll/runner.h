@@ -32,12 +32,12 @@ class RankRunner {
 
  private:
   // Page-aligned host memory, every page touched once, so no page fault lands in a timing.
-  struct FreeDeleter {
-    void operator()(unsigned char* p) const;
-  };
+  // With -R 1 the memory comes from ncclMemAlloc and is registered on the comm.
   struct Buffer {
-    std::unique_ptr<unsigned char, FreeDeleter> data;
+    unsigned char* data = nullptr;
     size_t bytes = 0;
+    bool nccl_memory = false;  // from ncclMemAlloc (else aligned_alloc)
+    void* handle = nullptr;    // ncclCommRegister's
   };
   // One datatype x operator x root at one message size.
   struct Step {
@@ -59,6 +59,7 @@ class RankRunner {
   bool ok(ncclResult_t r, const char* what);
   bool setup();
   bool allocate(Buffer* buffer, size_t bytes);
+  void release(Buffer* buffer);
   bool exchange_rank_info(std::vector<RankInfo>* ranks);
   bool run_tests();
   bool time_test(ncclDataType_t dtype, int op, int root);

@@ -67,6 +67,9 @@ Status validate_and_submit(const CallSpec& spec, const void* sendbuff, void* rec
       return invalid_argument("sendbuff is NULL but count is {}", count);
     if (need_recv && recvbuff == nullptr)
       return invalid_argument("recvbuff is NULL but count is {}", count);
+    const size_t elem = datatype_size(call.dtype);
+    if (need_send) call.send_bytes = count * elem * send_mult;
+    if (need_recv) call.recv_bytes = count * elem * recv_mult;
   }
   CHORUS_ASSIGN_OR_RETURN(Stream* s, find_stream(stream));
   return submit_call(comm, call, s);

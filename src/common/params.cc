@@ -59,6 +59,10 @@ IntParam kShmCmaBytes("SHM_CMA_BYTES", nullptr, 0, 0, 1ll << 40,
                       "it off");
 // From 256 KiB up, streaming stores were 1.4-1.7x faster for AllGather, AlltoAll and Broadcast
 // over shared memory (2 ranks, 1-128 MiB, bench/coll with 128 MiB buffers).
+IntParam kShmMapBytes("SHM_MAP_BYTES", nullptr, 64 << 10, 0, 1ll << 40,
+                      "shared-memory messages of at least this many bytes sent from registered "
+                      "ncclMemAlloc memory are copied once: the receiver maps the sender's "
+                      "memfd and reads them in place; 0 turns it off");
 IntParam kStreamCopyBytes("STREAM_COPY_BYTES", nullptr, 256 << 10, 0, 1ll << 40,
                           "copies of at least this many bytes into a user's output buffer use "
                           "streaming (non-temporal) stores that bypass the caches; 0 turns "
@@ -100,7 +104,7 @@ const std::vector<Param*>& all() {
   static const std::vector<Param*> list = {
       &kDebug,        &kDebugSubsys,   &kDebugFile,    &kSocketIfname, &kSocketFamily,
       &kBootstrapTimeoutMs, &kConnectTimeoutMs, &kHostId, &kTransport, &kNumChannels,
-      &kShmFifoBytes, &kShmCmaBytes,   &kStreamCopyBytes, &kTcpBounceBytes, &kTimeoutMs,   &kSpinUs,       &kLivenessMs,
+      &kShmFifoBytes, &kShmCmaBytes,   &kShmMapBytes,   &kStreamCopyBytes, &kTcpBounceBytes, &kTimeoutMs,   &kSpinUs,       &kLivenessMs,
       &kFlightRecorderOps, &kCommBlocking,
       &kAlgo,         &kChunkBytes,    &kTuner,        &kTunerFile,   &kKernels,
       &kRegCacheBytes,

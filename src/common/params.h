@@ -110,6 +110,7 @@ extern StringParam kTransport;
 extern IntParam kNumChannels;
 extern IntParam kShmFifoBytes;
 extern IntParam kShmCmaBytes;
+extern IntParam kShmMapBytes;
 extern IntParam kStreamCopyBytes;
 extern IntParam kTcpBounceBytes;
 // Progress and waiting.

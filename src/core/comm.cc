@@ -173,8 +173,29 @@ Status Comm::start_op(Op& op) {
     }
   }
   op.deps().clear();  // drop references so completed ops are freed
+  CHORUS_RETURN_IF_ERROR(pin_buffers(op));
   recorder_.started(op.record_id);
   op.fibers.emplace(algo::run_op(*this, op));
+  return Status();
+}
+
+Status Comm::pin_buffers(Op& op) {
+  if (op.is_internal() || registrations_.empty()) return Status();
+  op.pin_label = op.describe();
+  for (const CollCall& call : op.calls()) {
+    for (auto [p, bytes] : {std::pair<const void*, size_t>{call.sendbuf, call.send_bytes},
+                            std::pair<const void*, size_t>{call.recvbuf, call.recv_bytes}}) {
+      if (p == nullptr || bytes == 0) continue;
+      CHORUS_ASSIGN_OR_RETURN(RegistrationPin pin, registrations_.pin(p, bytes, op.pin_label.c_str()));
+      if (!pin) continue;
+      const RegisteredRange& range = pin.range();
+      if (range.memfd) {
+        auto begin = reinterpret_cast<uintptr_t>(range.base);
+        op.shared.push_back(SharedRange{begin, begin + range.bytes, *range.memfd});
+      }
+      op.pins.push_back(std::move(pin));
+    }
+  }
   return Status();
 }
 
@@ -190,6 +211,8 @@ void Comm::finish_op(Op& op, Status status) {
     close_connections(status);
   }
   op.fibers.reset();
+  op.shared.clear();
+  op.pins.clear();  // after the fibers: no transfer reads the buffers any more
   // The queue's reference may be the last one: keep the op alive until we are done with it.
   std::shared_ptr<Op> keep;
   {

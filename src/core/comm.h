@@ -179,6 +179,8 @@ class Comm : public std::enable_shared_from_this<Comm> {
 
  private:
   Status start_op(Op& op);
+  // Pins the registrations the op's buffers lie in (Op::pins, Op::shared).
+  Status pin_buffers(Op& op);
   void finish_op(Op& op, Status status);
   bool progress_connections();
   // With an error: each peer is told why first (Connection::farewell).

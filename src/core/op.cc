@@ -73,8 +73,9 @@ void Op::complete(Status status) {
   done_.store(1, std::memory_order_release);
 }
 
-OpContext::OpContext(Comm& comm, const MsgTag& tag)
+OpContext::OpContext(Comm& comm, const MsgTag& tag, const std::vector<SharedRange>* shared)
     : comm_(comm),
+      shared_(shared != nullptr && !shared->empty() ? shared : nullptr),
       rank_(comm.rank()),
       nranks_(comm.nranks()),
       channels_(comm.channels()),
@@ -98,6 +99,16 @@ void OpContext::send_tagged(SendRequest& req, int peer, int channel, const void*
                             size_t bytes, const MsgTag& tag) {
   post(req, peer, bytes, tag);
   req.buf = buf;
+  req.memfd = MemfdLocation{};
+  if (shared_ != nullptr) {
+    const auto begin = reinterpret_cast<uintptr_t>(buf);
+    for (const SharedRange& r : *shared_) {
+      if (begin < r.begin || begin + bytes > r.end) continue;
+      req.memfd = r.memfd;
+      req.memfd.offset += begin - r.begin;
+      break;
+    }
+  }
   Connection* conn = comm_.conn(peer, channel);
   conn->post_send(&req);
   comm_.activate(conn);

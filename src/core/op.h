@@ -10,11 +10,13 @@
 #include <new>
 #include <memory>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "common/dtype.h"
 #include "common/status.h"
 #include "core/op_summary.h"
+#include "core/registration.h"
 #include "core/task.h"
 #include "kernels/reduce/reduce.h"
 #include "transports/transport.h"
@@ -41,6 +43,16 @@ struct CollCall {
   RedOp op;
   int root = -1;  // root of rooted collectives; peer of Send/Recv
   MsgTag tag;     // assigned when queued
+  // Bytes of sendbuf and recvbuf this rank's part of the call touches (0: not used).
+  size_t send_bytes = 0;
+  size_t recv_bytes = 0;
+};
+
+// A buffer of an operation that lies in registered ncclMemAlloc memory: sends from it may be
+// read by same-host receivers through their own mapping of the memfd.
+struct SharedRange {
+  uintptr_t begin = 0, end = 0;
+  MemfdLocation memfd;  // of begin
 };
 
 class Op {
@@ -86,6 +98,11 @@ class Op {
 
   // Execution state, touched only by the thread holding the comm's drive lock.
   std::optional<FiberSet> fibers;
+  // The registrations the op's buffers lie in, pinned from start to finish, and those of
+  // them in shared (memfd) memory.
+  std::vector<RegistrationPin> pins;
+  std::vector<SharedRange> shared;
+  std::string pin_label;  // what the pins name in errors
   int64_t last_progress_ns = 0;  // now_coarse_ns()
   bool started = false;
   uint64_t record_id = 0;  // its entry in the comm's flight recorder
@@ -133,7 +150,8 @@ class RequestArray {
 // What an algorithm sees: the comm, its rank, and helpers to post and await transfers.
 class OpContext {
  public:
-  OpContext(Comm& comm, const MsgTag& tag);
+  // `shared`: the op's buffers in shared memory (null: none), consulted by send().
+  OpContext(Comm& comm, const MsgTag& tag, const std::vector<SharedRange>* shared = nullptr);
 
   Comm& comm() const { return comm_; }
   int rank() const { return rank_; }
@@ -171,6 +189,7 @@ class OpContext {
  private:
   void post(Request& req, int peer, size_t bytes, const MsgTag& tag);
   Comm& comm_;
+  const std::vector<SharedRange>* shared_;
   int rank_;
   int nranks_;
   int channels_;

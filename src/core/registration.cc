@@ -4,6 +4,8 @@
 #include "core/registration.h"
 
 #include <fmt/format.h>
+#include <fcntl.h>
+#include <linux/memfd.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -20,6 +22,7 @@ namespace chorus {
 struct SharedAllocation {
   uintptr_t begin = 0, end = 0;
   UniqueFd fd;
+  uint64_t inode = 0;
 };
 
 namespace {
@@ -75,17 +78,24 @@ Result<void*> alloc_shared(size_t bytes) {
   if (bytes == 0) return invalid_argument("size is 0");
   if (bytes > SIZE_MAX - page_size()) return invalid_argument("size {} is too large", bytes);
   size_t rounded = (bytes + page_size() - 1) / page_size() * page_size();
-  UniqueFd fd(static_cast<int>(syscall(SYS_memfd_create, "chorus-mem", MFD_CLOEXEC)));
+  UniqueFd fd(static_cast<int>(
+      syscall(SYS_memfd_create, "chorus-mem", MFD_CLOEXEC | MFD_ALLOW_SEALING)));
   if (!fd.valid()) return system_error(errno, "memfd_create");
   fchmod(fd.get(), 0600);
   if (ftruncate(fd.get(), static_cast<off_t>(rounded)) != 0)
     return system_error(errno, fmt::format("ftruncate to {} bytes", rounded));
+  // Same-host peers map it (the shm transport): sealed, its size never changes under them.
+  if (fcntl(fd.get(), F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0)
+    return system_error(errno, "sealing the memfd");
+  struct stat st {};
+  if (fstat(fd.get(), &st) != 0) return system_error(errno, "fstat of the memfd");
   void* p = mmap(nullptr, rounded, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
   if (p == MAP_FAILED) return system_error(errno, fmt::format("mmap of {} bytes", rounded));
   auto alloc = std::make_shared<SharedAllocation>();
   alloc->begin = reinterpret_cast<uintptr_t>(p);
   alloc->end = alloc->begin + rounded;
   alloc->fd = std::move(fd);
+  alloc->inode = static_cast<uint64_t>(st.st_ino);
   {
     std::lock_guard<std::mutex> lock(g_shared_mutex);
     shared_allocations()[alloc->begin] = alloc;
@@ -121,7 +131,7 @@ std::optional<MemfdLocation> find_shared(const void* p, size_t bytes) {
   if (bytes > UINTPTR_MAX - begin) return std::nullopt;
   auto alloc = find_allocation(begin, begin + bytes);
   if (!alloc) return std::nullopt;
-  return MemfdLocation{alloc->fd.get(), begin - alloc->begin};
+  return MemfdLocation{alloc->fd.get(), begin - alloc->begin, alloc->inode};
 }
 
 // ---- The cache ----
@@ -254,6 +264,11 @@ void RegistrationCache::remove_key_factory(int slot) {
   }
 }
 
+bool RegistrationCache::empty() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return entries_.empty();
+}
+
 RegistrationCache::Stats RegistrationCache::stats() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return Stats{entries_.size(), lru_.size(), handles_.size(), pins_, bytes_};
@@ -281,7 +296,8 @@ RegistrationCache::Entry* RegistrationCache::insert(uintptr_t begin, uintptr_t e
   e.shared = find_allocation(begin, end);
   e.range.base = reinterpret_cast<const void*>(begin);
   e.range.bytes = end - begin;
-  if (e.shared) e.range.memfd = MemfdLocation{e.shared->fd.get(), begin - e.shared->begin};
+  if (e.shared)
+    e.range.memfd = MemfdLocation{e.shared->fd.get(), begin - e.shared->begin, e.shared->inode};
   e.lru = lru_.insert(lru_.end(), &e);
   bytes_ += e.range.bytes;
   max_entry_bytes_ = std::max(max_entry_bytes_, e.range.bytes);

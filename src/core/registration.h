@@ -41,14 +41,11 @@
 #include <vector>
 
 #include "common/status.h"
+#include "transports/transport.h"
 
 namespace chorus {
 
-// Where a range of ncclMemAlloc memory lives: byte `offset` of memfd `fd`.
-struct MemfdLocation {
-  int fd = -1;
-  size_t offset = 0;
-};
+// Where a range of ncclMemAlloc memory lives: MemfdLocation (transports/transport.h).
 
 // ---- ncclMemAlloc memory (process-wide) ----
 // `bytes` (> 0) rounded up to pages, memfd-backed and mapped shared.
@@ -117,6 +114,8 @@ class RegistrationCache {
   void remove_key_factory(int slot);
 
   Stats stats() const;
+  // No entries (one uncontended lock: what an operation checks before pinning anything).
+  bool empty() const;
 
  private:
   friend class RegistrationPin;

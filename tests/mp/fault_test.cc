@@ -29,6 +29,8 @@
 #include <thread>
 #include <vector>
 
+#include "transports/registry.h"
+
 namespace {
 
 int64_t mono_ms() {
@@ -321,11 +323,12 @@ ncclComm_t init(const ncclUniqueId& id, int nranks, int rank) {
 
 // 4 ranks AllReduce in a loop; `victim` is killed in the middle; the others must fail fast
 // with ncclRemoteError, then shrink and go on.
-void kill_during_allreduce(const char* transport) {
+void kill_during_allreduce(const char* transport, std::vector<std::string> env_extra = {}) {
   const int nranks = 4, victim = 2;
   Children children;
-  spawn(&children, nranks,
-      {fmt::format("CHORUS_TRANSPORT={}", transport), "CHORUS_TIMEOUT_MS=60000"},
+  env_extra.push_back(fmt::format("CHORUS_TRANSPORT={}", transport));
+  env_extra.push_back("CHORUS_TIMEOUT_MS=60000");
+  spawn(&children, nranks, env_extra,
       [&](const ChildEnv& env) -> std::string {
         ncclComm_t comm = init(env.id, nranks, env.rank);
         if (comm == nullptr) return "init=failed msg=" + last_error();
@@ -383,6 +386,17 @@ TEST_CASE("SIGKILL during AllReduce over shared memory: survivors fail fast, shr
 TEST_CASE("SIGKILL during AllReduce over TCP: survivors fail fast, shrink, go on",
           "[mp][fault][tcp]") {
   kill_during_allreduce("TCP");
+}
+
+// UCX detects the dead peer itself (UCP_ERR_HANDLING_MODE_PEER over its tcp transport); the
+// shrunk communicator is connected over UCX again.
+TEST_CASE("SIGKILL during AllReduce over UCX: survivors fail fast, shrink, go on",
+          "[mp][fault][ucx]") {
+  if (chorus::find_transport("ucx") == nullptr) {
+    WARN("this build has no UCX transport");
+    return;
+  }
+  kill_during_allreduce("UCX", {"UCX_TLS=tcp,self", "UCX_NET_DEVICES=lo"});
 }
 
 TEST_CASE("a frozen peer (SIGSTOP) fails the others at the timeout, naming it", "[mp][fault]") {

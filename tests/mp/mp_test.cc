@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "tools/launcher.h"
+#include "transports/registry.h"
 
 namespace {
 
@@ -57,6 +58,17 @@ TEST_CASE("multi-process matrix with automatic transports with 4 ranks", "[mp]")
 TEST_CASE("multi-process matrix over shared memory, every message by reference", "[mp][shm]") {
   run_workers(3, "SHM", "matrix", {"CHORUS_SHM_CMA_BYTES=1"});
 }
+// Registered ncclMemAlloc buffers: messages from them are read by the receiver through its own
+// mapping of the sender's memfd (one copy); SHM_MAP_BYTES=1 sends every message that way.
+TEST_CASE("multi-process matrix over shared memory, registered buffers, every message mapped",
+          "[mp][shm][reg]") {
+  run_workers(3, "SHM", "matrix", {"CHORUS_TEST_REGISTERED=1", "CHORUS_SHM_MAP_BYTES=1"});
+}
+TEST_CASE("multi-process matrix on host streams over shared memory, registered buffers",
+          "[mp][shm][reg][stream]") {
+  run_workers(2, "SHM", "stream-matrix", {"CHORUS_TEST_REGISTERED=1"});
+}
+
 TEST_CASE("multi-process matrix over shared memory, no message by reference", "[mp][shm]") {
   run_workers(2, "SHM", "matrix", {"CHORUS_SHM_CMA_BYTES=0"});
 }
@@ -77,4 +89,27 @@ TEST_CASE("AllReduce is bit-identical on every rank over shared memory with 8 ra
 }
 TEST_CASE("AllReduce is bit-identical on every rank over TCP with 3 ranks", "[mp][tcp][identical]") {
   run_workers(3, "TCP", "identical");
+}
+
+// UCX: Chorus's ucx transport between every pair of processes, over UCX's tcp transport on the
+// loopback device and over UCX's choice among its shared-memory transports.
+namespace {
+bool have_ucx() {
+  if (chorus::find_transport("ucx") != nullptr) return true;
+  WARN("this build has no UCX transport");
+  return false;
+}
+const std::vector<std::string> kUcxTcp = {"UCX_TLS=tcp,self", "UCX_NET_DEVICES=lo"};
+}  // namespace
+TEST_CASE("multi-process matrix over UCX (tcp) with 2 ranks", "[mp][ucx]") {
+  if (have_ucx()) run_workers(2, "UCX", "matrix", kUcxTcp);
+}
+TEST_CASE("multi-process matrix over UCX (tcp) with 3 ranks", "[mp][ucx]") {
+  if (have_ucx()) run_workers(3, "UCX", "matrix", kUcxTcp);
+}
+TEST_CASE("multi-process matrix on host streams over UCX (tcp) with 3 ranks", "[mp][ucx][stream]") {
+  if (have_ucx()) run_workers(3, "UCX", "stream-matrix", kUcxTcp);
+}
+TEST_CASE("AllReduce is bit-identical on every rank over UCX (tcp) with 3 ranks", "[mp][ucx]") {
+  if (have_ucx()) run_workers(3, "UCX", "identical", kUcxTcp);
 }

@@ -8,7 +8,9 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <cstring>
 #include <memory>
+#include <vector>
 
 namespace chorus::test {
 
@@ -16,21 +18,71 @@ namespace {
 
 using verify::Verifier;
 
+// With CHORUS_TEST_REGISTERED=1 the buffers come from ncclMemAlloc and every call runs on
+// buffers registered with the comm (ncclCommRegister around the call): registered memory's
+// transfers (one copy through a mapping, over shared memory) get the whole matrix.
+bool registered_buffers() {
+  static const bool on = [] {
+    const char* v = std::getenv("CHORUS_TEST_REGISTERED");
+    return v != nullptr && std::strcmp(v, "1") == 0;
+  }();
+  return on;
+}
+
 // Grows a per-thread buffer without zeroing it (the inputs are written before use).
 struct Buffer {
-  std::unique_ptr<unsigned char[]> data;
+  unsigned char* data = nullptr;
   size_t bytes = 0;
+  bool nccl = false;  // from ncclMemAlloc
+  ~Buffer() { release(); }
+  void release() {
+    if (data == nullptr) return;
+    if (nccl) {
+      (void)ncclMemFree(data);
+    } else {
+      delete[] data;
+    }
+    data = nullptr;
+  }
 };
 thread_local Buffer t_buf_a, t_buf_b;
 
 unsigned char* sized(Buffer& b, size_t bytes) {
   bytes = std::max<size_t>(bytes, 64);
   if (b.bytes < bytes) {
-    b.data.reset(new unsigned char[bytes]);
+    b.release();
+    b.nccl = registered_buffers();
+    void* p = nullptr;
+    if (b.nccl && ncclMemAlloc(&p, bytes) == ncclSuccess) {
+      b.data = static_cast<unsigned char*>(p);
+    } else {
+      b.nccl = false;
+      b.data = new unsigned char[bytes];
+    }
     b.bytes = bytes;
   }
-  return b.data.get();
+  return b.data;
 }
+
+// Registers the per-thread buffers with `comm` for the scope of one call.
+class Registration {
+ public:
+  explicit Registration(ncclComm_t comm) : comm_(comm) {
+    if (!registered_buffers()) return;
+    for (Buffer* b : {&t_buf_a, &t_buf_b}) {
+      void* h = nullptr;
+      if (b->data != nullptr && ncclCommRegister(comm, b->data, b->bytes, &h) == ncclSuccess)
+        handles_.push_back(h);
+    }
+  }
+  ~Registration() {
+    for (void* h : handles_) (void)ncclCommDeregister(comm_, h);
+  }
+
+ private:
+  ncclComm_t comm_;
+  std::vector<void*> handles_;
+};
 
 std::string call_failed(const char* what, ncclResult_t r) {
   return fmt::format("{} returned {} ({}): {}", what, static_cast<int>(r), ncclGetErrorString(r),
@@ -122,6 +174,7 @@ std::string run_checked(ncclComm_t comm, const Case& c, const Verifier& v, int r
   const int nranks = v.shape().nranks;
   Buffers b = place(c, rank, nranks, v.element_bytes());
   v.fill_input(rank, b.send, 0, v.input_count(rank));
+  Registration registration(comm);
   ncclResult_t r = issue(c, b, op, rank, nranks, comm);
   if (r == ncclSuccess && c.stream != nullptr) r = chorusStreamSynchronize(c.stream);
   if (r != ncclSuccess)

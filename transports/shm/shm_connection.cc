@@ -4,6 +4,9 @@
 // consumer copies (or reduces) out of its own ring and publishes tail. See README.md.
 #include "transports/shm/shm_connection.h"
 
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/uio.h>
 
 #include <algorithm>
@@ -14,6 +17,7 @@
 #include "common/log.h"
 #include "common/params.h"
 #include "common/process.h"
+#include "common/unique_fd.h"
 #include "kernels/reduce/reduce.h"
 
 namespace chorus::shm {
@@ -56,6 +60,7 @@ ShmConnection::ShmConnection(ShmConnectionConfig config)
       keep_alive_(std::move(config.keep_alive)),
       publish_bytes_(publish_bytes_for(config.send_fifo.fifo_bytes)),
       cma_min_bytes_(static_cast<uint64_t>(params::kShmCmaBytes.get())),
+      map_min_bytes_(static_cast<uint64_t>(params::kShmMapBytes.get())),
       stream_min_bytes_(kernels::stream_copy_min_bytes()),
       probe_word_(random_u64() | 1) {
   // Publish where the consumer can find a known word of ours, to test process_vm_readv.
@@ -161,13 +166,19 @@ bool ShmConnection::write_front(SendRequest* req, uint64_t* budget) {
   const uint64_t fifo = send_.fifo_bytes;
   if (send_cursor_ == 0) {
     if (*budget < kFifoAlign || send_space(kFifoAlign) < kFifoAlign) return false;
-    send_by_reference_ = by_reference(*req);
+    const bool mapped = by_mapping(*req);
+    send_by_reference_ = mapped || by_reference(*req);
     MsgHeader header{};
     header.magic = kMsgMagic;
     header.index = send_index_;
     header.tag = req->tag;
     header.bytes = req->bytes;
-    if (send_by_reference_) {
+    if (mapped) {
+      header.flags = kByReference | kByMapping;
+      header.reserved = static_cast<uint32_t>(req->memfd.fd);
+      header.mapped.offset = req->memfd.offset;
+      header.mapped.inode = req->memfd.inode;
+    } else if (send_by_reference_) {
       header.flags = kByReference;
       header.address = reinterpret_cast<uint64_t>(req->buf);
     } else if (req->bytes <= kInlineBytes) {
@@ -243,7 +254,11 @@ bool ShmConnection::read_front(RecvRequest* req, uint64_t* budget) {
     recv_cursor_ = kFifoAlign;
     *budget -= kFifoAlign;
     recv_by_reference_ = (header.flags & kByReference) != 0;
-    ref_address_ = header.address;
+    recv_by_mapping_ = (header.flags & kByMapping) != 0;
+    ref_address_ = recv_by_mapping_ ? header.mapped.offset : header.address;
+    ref_fd_ = static_cast<int>(header.reserved);
+    ref_inode_ = header.mapped.inode;
+    ref_view_ = nullptr;
     ref_done_ = 0;
     if ((header.flags & kInline) != 0) {
       // check_header bounded bytes to kInlineBytes and made it req->bytes.
@@ -257,6 +272,7 @@ bool ShmConnection::read_front(RecvRequest* req, uint64_t* budget) {
       return true;
     }
   }
+  if (recv_by_mapping_) return read_by_mapping(req, budget);
   if (recv_by_reference_) return read_by_reference(req, budget);
   const uint64_t total = kFifoAlign + round_up(req->bytes);
   auto* dst = static_cast<std::byte*>(req->dst);
@@ -355,6 +371,10 @@ bool ShmConnection::read_by_reference(RecvRequest* req, uint64_t* budget) {
     *budget -= std::min(*budget, n);
     req->bytes_done.store(ref_done_, std::memory_order_relaxed);
   }
+  return finish_by_reference(req);
+}
+
+bool ShmConnection::finish_by_reference(const RecvRequest* req) {
   // A producer closes with a message by reference unread only when it failed: its buffer may
   // have been reused while we read it, so the data cannot be trusted.
   if (recv_.control->producer_closed.load(std::memory_order_acquire) != 0) {
@@ -367,7 +387,83 @@ bool ShmConnection::read_by_reference(RecvRequest* req, uint64_t* budget) {
   recv_.control->by_reference_done.store(++ref_finished_, std::memory_order_release);
   ring_doorbell(peer_doorbell_);
   recv_by_reference_ = false;
+  recv_by_mapping_ = false;
+  ref_view_ = nullptr;
   return true;
+}
+
+bool ShmConnection::by_mapping(const SendRequest& req) const {
+  return map_min_bytes_ > 0 && req.memfd.fd >= 0 && req.bytes >= map_min_bytes_;
+}
+
+Result<const std::byte*> ShmConnection::map_producer_memfd(int fd, uint64_t inode, uint64_t end,
+                                                           const RecvRequest& req) {
+  for (size_t i = 0; i < producer_memfds_.size(); ++i) {
+    ProducerMemfd& m = producer_memfds_[i];
+    if (m.fd != fd || m.inode != inode || m.mapping.size() < end) continue;
+    std::rotate(producer_memfds_.begin() + static_cast<ptrdiff_t>(i),
+                producer_memfds_.begin() + static_cast<ptrdiff_t>(i) + 1, producer_memfds_.end());
+    return static_cast<const std::byte*>(producer_memfds_.back().mapping.get());
+  }
+  auto fail = [&](int err, const char* what) {
+    return remote_error("rank {} (pid {}) sent {} from its registered memory (memfd fd {}), "
+                        "which rank {} cannot map: {}: {}", peer(), peer_pid_,
+                        describe_tag(req.tag), fd, self_rank_, what,
+                        err ? std::strerror(err) : "");
+  };
+  std::string path = fmt::format("/proc/{}/fd/{}", peer_pid_, fd);
+  UniqueFd file(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (!file.valid()) return fail(errno, "open");
+  struct stat st {};
+  if (fstat(file.get(), &st) != 0) return fail(errno, "fstat");
+  if (static_cast<uint64_t>(st.st_ino) != inode)
+    return fail(0, "its fd names another file now (the buffer was freed)");
+  if (static_cast<uint64_t>(st.st_size) < end)
+    return fail(0, "the message ends past the memfd's end");
+  // Populated now: page faults on first touch would otherwise land inside later transfers.
+  void* p = mmap(nullptr, static_cast<size_t>(st.st_size), PROT_READ, MAP_SHARED | MAP_POPULATE,
+                 file.get(), 0);
+  if (p == MAP_FAILED) return fail(errno, "mmap");
+  // A few buffers per peer in practice; drop the least recently used beyond that.
+  constexpr size_t kMaxProducerMemfds = 8;
+  for (size_t i = 0; i < producer_memfds_.size(); ++i) {
+    if (producer_memfds_[i].fd == fd || producer_memfds_.size() >= kMaxProducerMemfds) {
+      producer_memfds_.erase(producer_memfds_.begin() + static_cast<ptrdiff_t>(i));
+      break;
+    }
+  }
+  producer_memfds_.push_back(ProducerMemfd{fd, inode, Mapping(p, static_cast<size_t>(st.st_size))});
+  return static_cast<const std::byte*>(p);
+}
+
+bool ShmConnection::read_by_mapping(RecvRequest* req, uint64_t* budget) {
+  if (ref_view_ == nullptr) {
+    auto base = map_producer_memfd(ref_fd_, ref_inode_, ref_address_ + req->bytes, *req);
+    if (!base.ok()) {
+      fail_all(base.take_status());
+      return false;
+    }
+    ref_view_ = *base + ref_address_;
+  }
+  auto* dst = static_cast<std::byte*>(req->dst);
+  const auto* src = static_cast<const std::byte*>(req->src);
+  while (ref_done_ < req->bytes) {
+    if (*budget == 0) return false;
+    uint64_t n = std::min({req->bytes - ref_done_, kReferencePiece, *budget});
+    if (req->reduce != nullptr) {
+      if (n < req->bytes - ref_done_) n -= n % req->elem_size;
+      if (n == 0) return false;  // less than an element of budget left: next pass
+      req->reduce(dst + ref_done_, src + ref_done_, ref_view_ + ref_done_, n / req->elem_size);
+    } else if (req->bytes >= stream_min_bytes_) {
+      kernels::stream_copy_fn()(dst + ref_done_, ref_view_ + ref_done_, n);
+    } else {
+      std::memcpy(dst + ref_done_, ref_view_ + ref_done_, n);
+    }
+    ref_done_ += n;
+    *budget -= std::min(*budget, n);
+    req->bytes_done.store(ref_done_, std::memory_order_relaxed);
+  }
+  return finish_by_reference(req);
 }
 
 bool ShmConnection::complete_by_reference_sends() {

@@ -71,6 +71,10 @@ struct MsgHeader {
   union {
     uint64_t address;  // kByReference: the payload's address in the producer's process
     unsigned char inline_payload[kInlineBytes];  // kInline: the payload
+    struct {
+      uint64_t offset;  // kByMapping: where the payload starts in the producer's memfd
+      uint64_t inode;   // and that memfd's inode; its fd number is in `reserved`
+    } mapped;
   };
 };
 inline constexpr uint32_t kByReference = 1;
@@ -78,6 +82,10 @@ inline constexpr uint32_t kByReference = 1;
 // code; the producer has closed after it.
 inline constexpr uint32_t kFarewell = 2;
 inline constexpr uint32_t kInline = 4;
+// With kByReference: the payload lies in a memfd of the producer (registered ncclMemAlloc
+// memory); the consumer maps it (/proc/<pid>/fd/<reserved>, once per memfd) and copies or
+// reduces straight from the mapping: one copy, no system call per piece.
+inline constexpr uint32_t kByMapping = 8;
 static_assert(sizeof(MsgHeader) == kFifoAlign);
 inline constexpr uint32_t kMsgMagic = 0x4d534843;  // "CHSM"
 
@@ -165,6 +173,13 @@ class ShmConnection final : public Connection {
   // Messages by reference (single copy between processes).
   bool by_reference(const SendRequest& req);
   bool read_by_reference(RecvRequest* req, uint64_t* budget);
+  bool by_mapping(const SendRequest& req) const;
+  bool read_by_mapping(RecvRequest* req, uint64_t* budget);
+  // After the last read of a message by reference: tells the producer it may reuse its buffer.
+  bool finish_by_reference(const RecvRequest* req);
+  // The producer's memfd `fd` (inode `inode`) mapped here, at least `end` bytes long (cached).
+  Result<const std::byte*> map_producer_memfd(int fd, uint64_t inode, uint64_t end,
+                                              const RecvRequest& req);
   void probe_cma();
   bool complete_by_reference_sends();
   void publish_head();  // release-stores head (the doorbell is rung by flush_head)
@@ -196,10 +211,22 @@ class ShmConnection final : public Connection {
   RequestQueue<SendRequest> by_reference_;
   uint64_t by_reference_completed_ = 0;  // of those, how many we completed
   const uint64_t cma_min_bytes_;     // 0: never by reference
+  const uint64_t map_min_bytes_;     // 0: never by mapping
   const uint64_t stream_min_bytes_;  // a receive this large lands with streaming stores
   uint64_t probe_word_;                  // read by the consumer's probe (FifoControl::probe_*)
   // Consumer side of a message by reference being read.
-  uint64_t ref_address_ = 0;
+  uint64_t ref_address_ = 0;             // or, by mapping, the offset in the memfd
+  int ref_fd_ = -1;                       // by mapping: the producer's fd number
+  uint64_t ref_inode_ = 0;
+  bool recv_by_mapping_ = false;
+  const std::byte* ref_view_ = nullptr;   // by mapping: the payload, mapped here
+  // The producer's memfds mapped here, most recently used last (a few: one per buffer).
+  struct ProducerMemfd {
+    int fd;
+    uint64_t inode;
+    Mapping mapping;
+  };
+  std::vector<ProducerMemfd> producer_memfds_;
   uint64_t ref_done_ = 0;                // payload bytes copied
   uint64_t ref_finished_ = 0;            // by-reference messages read, ever
   std::unique_ptr<std::byte[]> bounce_;  // staging for reducing receives
