@@ -9,7 +9,9 @@ Measures, for 2 and 4 ranks, over shared memory and over TCP, 8 B to 128 MiB (fa
 Chorus (chorus-run + bench/coll/*_perf), Open MPI (mpirun + chorus_mpi_coll_bench, vader or
 tcp btl), Gloo (torch.distributed via /usr/bin/python3, TCP loopback only) and the machine's
 limits (chorus_memcpy_bw, chorus_tcp_bw); then writes results.json, ratios.md and PNG plots
-into the output directory. See bench/compare/README.md. Standard library + matplotlib only.
+into the output directory. With --transports ucx (opt-in) also Chorus's UCX transport against
+Open MPI's pml ucx, both with the same UCX_TLS (--ucx-tls, default tcp,self), reported in a
+section of its own. See bench/compare/README.md. Standard library + matplotlib only.
 """
 
 import argparse
@@ -37,7 +39,11 @@ CHORUS_TOOL = {"allreduce": "all_reduce_perf", "reduce_scatter": "reduce_scatter
                "bcast": "broadcast_perf"}
 LIBS = ["chorus", "ompi", "gloo"]
 LIB_TITLE = {"chorus": "Chorus", "ompi": "Open MPI", "gloo": "Gloo"}
-TRANSPORTS = ["shm", "tcp"]
+TRANSPORTS = ["shm", "tcp"]  # the issue 3 comparison: its tables, plots and targets
+# "ucx": Chorus (CHORUS_TRANSPORT=UCX) against Open MPI's pml ucx, both over UCX with the same
+# UCX_TLS / UCX_NET_DEVICES (--ucx-tls, --ucx-net-devices); Gloo has no UCX. Reported in its own
+# section of ratios.md, never counted toward the issue 3 targets.
+ALL_TRANSPORTS = TRANSPORTS + ["ucx"]
 MiB = 1 << 20
 
 # Size bands: each is one invocation of a tool (-b, -e, -f) with its own -n and -w. The tools
@@ -65,8 +71,13 @@ MODEL = {
     ("ompi", "shm", 2): (1e-6, 2.6e9), ("ompi", "shm", 4): (8e-6, 1.25e9),
     ("ompi", "tcp", 2): (10e-6, 1.9e9), ("ompi", "tcp", 4): (20e-6, 0.73e9),
     ("gloo", "tcp", 2): (300e-6, 2.1e9), ("gloo", "tcp", 4): (1000e-6, 1.0e9),
+    # UCX: the tcp figures as a start (UCX_TLS=tcp,self runs over loopback TCP too); not fitted.
+    ("chorus", "ucx", 2): (20e-6, 2.2e9), ("chorus", "ucx", 4): (150e-6, 0.8e9),
+    ("ompi", "ucx", 2): (10e-6, 1.9e9), ("ompi", "ucx", 4): (20e-6, 0.73e9),
 }
-STARTUP = {"chorus": 0.1, "ompi": 0.3, "gloo": 3.0}
+# Start-up seconds per job, per library; (library, transport) entries override it (UCX creates a
+# UCP context and wires up endpoints: a guess, about +0.2 s seen for mpirun on a loaded VM).
+STARTUP = {"chorus": 0.1, "ompi": 0.3, "gloo": 3.0, ("chorus", "ucx"): 0.3, ("ompi", "ucx"): 0.5}
 # Seconds per byte of size for one checked call (input generation, call, comparison), per library.
 CHECK_COST = {"chorus": 2 / 0.2e9, "ompi": 1 / 0.2e9, "gloo": 1 / 0.03e9}
 
@@ -80,6 +91,13 @@ def fmt_size(b):
         if b >= s and b % s == 0:
             return f"{b // s} {unit}"
     return f"{b} B"
+
+
+def parse_size(text):
+    """'64K', '1M', '8' -> bytes."""
+    t = text.strip().upper().rstrip("B")
+    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(t[-1:], 1)
+    return int(t[:-1] if mult > 1 else t) * mult
 
 
 def band_sizes(band):
@@ -185,6 +203,7 @@ def find_tools(build_dir):
         return p if os.path.isfile(p) and os.access(p, os.X_OK) else None
 
     tools = {"chorus_run": exe("tools", "chorus-run"),
+             "chorus_info": exe("tools", "chorus-info"),
              "perf": {c: exe("bench", "coll", CHORUS_TOOL[c]) for c in COLLS},
              "mpi_bench": exe("bench", "peers", "chorus_mpi_coll_bench"),
              "memcpy_bw": exe("bench", "peers", "chorus_memcpy_bw"),
@@ -193,8 +212,25 @@ def find_tools(build_dir):
     return tools
 
 
-def probe_peers(tools, python):
-    """Which peers can run, with the reason when one cannot."""
+def chorus_registered_transports(chorus_info):
+    """The transport names chorus-info lists under "Transports (registered ...)", or None."""
+    r = run_cmd([chorus_info], 60)
+    if r["status"] != "ok":
+        return None
+    names, inside = [], False
+    for line in r["stdout"].splitlines():
+        if line.startswith("Transports"):
+            inside = True
+        elif inside and line.startswith("  ") and not line.startswith("   "):
+            names.append(line.split()[0])
+        elif inside and not line.startswith(" "):
+            break
+    return names
+
+
+def probe_peers(tools, python, transports=()):
+    """Which peers can run, with the reason when one cannot. With "ucx" in `transports`, also
+    whether each library can run over UCX: peers[lib]["ucx"] (bool) and "ucx_why"."""
     peers = {}
     missing = [c for c in COLLS if not tools["perf"][c]]
     if not tools["chorus_run"] or missing:
@@ -226,6 +262,28 @@ def probe_peers(tools, python):
                              + (tail(r["stderr"], 2) or r["stdout"].strip())}
         else:
             peers["gloo"] = {"ok": True, "version": "torch " + words[0]}
+    if "ucx" in transports:
+        if peers["chorus"]["ok"]:
+            names = chorus_registered_transports(tools["chorus_info"]) if tools["chorus_info"] else None
+            if names is None:
+                # Unknown without chorus-info: try; the transport check and the jobs will tell.
+                peers["chorus"]["ucx_why"] = "chorus-info not built or failed: not checked"
+            else:
+                peers["chorus"]["transports"] = names
+                peers["chorus"]["ucx"] = "ucx" in names
+                if "ucx" not in names:
+                    peers["chorus"]["ucx_why"] = ("this build has no ucx transport (chorus-info "
+                                                  "lists " + ", ".join(names) + "; UCX not found "
+                                                  "by CMake?)")
+        if peers["ompi"]["ok"]:
+            oi = shutil.which("ompi_info")
+            r = run_cmd([oi], 60) if oi else None
+            if r and r["status"] == "ok":
+                peers["ompi"]["ucx"] = "MCA pml: ucx" in r["stdout"]
+                if not peers["ompi"]["ucx"]:
+                    peers["ompi"]["ucx_why"] = "ompi_info lists no pml ucx component"
+            else:
+                peers["ompi"]["ucx_why"] = "ompi_info not found or failed: not checked"
     return peers
 
 
@@ -272,7 +330,9 @@ def plan_jobs(args, bands, peers):
                         if lib not in args.peers or not peers[lib]["ok"]:
                             continue
                         if lib == "gloo" and transport != "tcp":
-                            continue  # Gloo has no shared-memory transport
+                            continue  # Gloo has no shared-memory transport (nor UCX)
+                        if transport == "ucx" and peers[lib].get("ucx") is False:
+                            continue  # this library cannot run over UCX here (logged)
                         if lib == "chorus":
                             for c in colls:
                                 jobs.append({"lib": lib, "transport": transport, "nranks": nranks,
@@ -294,7 +354,8 @@ def estimate_job(job, check=True):
     lat, bw = MODEL[(job["lib"], job["transport"], job["nranks"])]
     band = job["band"]
     placements = 2 if job["lib"] == "chorus" else 1  # Chorus's tools also time in place
-    total = STARTUP[job["lib"]] * len(job["colls"]) if job["lib"] == "chorus" else STARTUP[job["lib"]]
+    start = STARTUP.get((job["lib"], job["transport"]), STARTUP[job["lib"]])
+    total = start * len(job["colls"]) if job["lib"] == "chorus" else start
     for _ in job["colls"]:
         sizes = band_sizes(band)
         for s in sizes:
@@ -303,6 +364,47 @@ def estimate_job(job, check=True):
                 total += s * CHECK_COST[job["lib"]] * job["nranks"] / 2
         total += band["w"] * (2 * lat + (sizes[-1] + sizes[0]) / bw)
     return total
+
+
+def ucx_env(args):
+    """The UCX settings both libraries get over "ucx": ["UCX_TLS=...", "UCX_NET_DEVICES=..."]."""
+    return ["UCX_TLS=" + args.ucx_tls, "UCX_NET_DEVICES=" + args.ucx_net_devices]
+
+
+def chorus_env_for(transport):
+    """The environment for chorus-run. chorus-run appends its -x settings to the inherited
+    environment, and getenv() returns the first of duplicate entries, so an inherited
+    CHORUS_TRANSPORT (or, over ucx, UCX_TLS / UCX_NET_DEVICES) would beat the -x that this
+    script passes: those are removed, so that the -x values apply."""
+    env = dict(os.environ)
+    for name in ["CHORUS_TRANSPORT"] + (["UCX_TLS", "UCX_NET_DEVICES"] if transport == "ucx" else []):
+        env.pop(name, None)
+    return env
+
+
+def chorus_transport_args(transport, args):
+    """chorus-run options that select `transport` for Chorus's ranks."""
+    out = ["-x", "CHORUS_TRANSPORT=" + transport.upper()]
+    if transport == "ucx":
+        out += [a for kv in ucx_env(args) for a in ("-x", kv)]
+    return out
+
+
+def ompi_transport_args(transport, args):
+    """mpirun options that select `transport` for Open MPI: ob1 with the vader or tcp btl, or pml
+    ucx. Debian's /etc/openmpi/openmpi-mca-params.conf disables pml ucx (`pml = ^ucx`); the
+    command line overrides it. pml_ucx_tls / pml_ucx_devices default to InfiniBand transports and
+    mlx* devices, with which the component refuses to load on this host: "any" lets UCX_TLS /
+    UCX_NET_DEVICES decide. A forced pml that cannot load makes MPI_Init fail (no fallback to
+    ob1), and verify_ompi_ucx() checks what was selected. The btls are left alone (ob1 is not
+    used; the benchmark creates no MPI windows, so osc does not matter)."""
+    if transport == "shm":
+        return ["--mca", "pml", "ob1", "--mca", "btl", "self,vader"]
+    if transport == "tcp":
+        return ["--mca", "pml", "ob1", "--mca", "btl", "self,tcp",
+                "--mca", "btl_tcp_if_include", args.tcp_if]
+    return (["--mca", "pml", "ucx", "--mca", "pml_ucx_tls", "any", "--mca", "pml_ucx_devices", "any"]
+            + [a for kv in ucx_env(args) for a in ("-x", kv)])
 
 
 def job_cmd(job, tools, args, raw_dir, tag):
@@ -314,17 +416,16 @@ def job_cmd(job, tools, args, raw_dir, tag):
     env = dict(os.environ)
     timeout = max(120.0, min(args.max_job_timeout, 8 * estimate_job(job, checked(job, args)) + 60))
     if job["lib"] == "chorus":
+        env = chorus_env_for(job["transport"])
         c = job["colls"][0]
         extra = [a for kv in args.chorus_env for a in ("-x", kv)]
-        cmd = [tools["chorus_run"], "-n", str(job["nranks"]), "--timeout", str(int(timeout)),
-               "-x", "CHORUS_TRANSPORT=" + job["transport"].upper()] + extra + [
+        cmd = [tools["chorus_run"], "-n", str(job["nranks"]), "--timeout", str(int(timeout))] + \
+            chorus_transport_args(job["transport"], args) + extra + [
                tools["perf"][c]] + common + ["-z", "1", "-c", check, "-J", jpath]
     elif job["lib"] == "ompi":
-        btl = (["--mca", "btl", "self,vader"] if job["transport"] == "shm" else
-               ["--mca", "btl", "self,tcp", "--mca", "btl_tcp_if_include", args.tcp_if])
         over = ["--oversubscribe"] if job["nranks"] > (os.cpu_count() or 1) else []
-        cmd = ["mpirun", "-np", str(job["nranks"]), "--bind-to", args.ompi_bind] + over + [
-               "--mca", "pml", "ob1"] + btl + [tools["mpi_bench"]] + common + [
+        cmd = ["mpirun", "-np", str(job["nranks"]), "--bind-to", args.ompi_bind] + over + \
+            ompi_transport_args(job["transport"], args) + [tools["mpi_bench"]] + common + [
                "-c", check, "-o", ",".join(job["colls"]), "-J", jpath]
         env.update({"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
                     "OMPI_MCA_btl_base_warn_component_unused": "0"})
@@ -388,6 +489,8 @@ def run_jobs(jobs, tools, args, raw_dir, state, save):
                  "foreign_cores": r.get("foreign_cores"), "waited_quiet_s": waited, "rows": []}
         if "MASTER_PORT" in env and job["lib"] == "gloo":
             entry["env"] = {k: env[k] for k in ("MASTER_ADDR", "MASTER_PORT", "GLOO_SOCKET_IFNAME")}
+        if job["transport"] == "ucx":
+            entry["ucx_tls"], entry["ucx_net_devices"] = args.ucx_tls, args.ucx_net_devices
         if r["status"] == "ok" or os.path.exists(jpath):
             try:
                 entry["rows"], extra = parse_job_json(job, jpath)
@@ -417,27 +520,83 @@ def run_jobs(jobs, tools, args, raw_dir, state, save):
         save()
 
 
-def verify_transports(tools, args, raw_dir):
+def parse_peers_over(text):
+    """'direct 0, shm 0, tcp 0, ucx 3' (or the older 'shm 1') -> {"direct": 0, ..., "ucx": 3}."""
+    counts = {}
+    for part in text.split(","):
+        words = part.split()
+        if len(words) == 2 and words[1].isdigit():
+            counts[words[0]] = int(words[1])
+    return counts
+
+
+def verify_transports(tools, args, raw_dir, transports=None):
     """Runs a one-size Chorus AllReduce per transport and rank count with CHORUS_DEBUG=INFO and
-    reads the peers-per-transport line, so the report shows what CHORUS_TRANSPORT selected."""
+    reads the peers-per-transport line ("... ready on HOST: peers over direct 0, shm 0, tcp 0,
+    ucx 3; ..." — every transport the rank opened, with its peer count), so the report shows
+    what CHORUS_TRANSPORT selected. Over ucx it also keeps the UCX settings and endpoint lanes
+    that the transport logs ("ucx: UCP context created (UCX_TLS=...)", "ucx: ... -> ...: lane[0]
+    ...")."""
     out = {}
     if not tools["chorus_run"] or not tools["perf"]["allreduce"]:
         return out
-    for tr in args.transports:
+    for tr in args.transports if transports is None else transports:
         for n in args.ranks:
             tag = f"{tr}_{n}"
             extra = [a for kv in args.chorus_env for a in ("-x", kv)]
-            r = run_cmd([tools["chorus_run"], "-n", str(n), "--timeout", "60",
-                         "-x", "CHORUS_TRANSPORT=" + tr.upper(), "-x", "CHORUS_DEBUG=INFO"] + extra + [
+            r = run_cmd([tools["chorus_run"], "-n", str(n), "--timeout", "60"] +
+                        chorus_transport_args(tr, args) + ["-x", "CHORUS_DEBUG=INFO"] + extra + [
                          tools["perf"]["allreduce"], "-b", "8", "-e", "8", "-n", "1", "-w", "0",
-                         "-c", "0"], 90, log_path=os.path.join(raw_dir, f"transport_{tag}.log"))
-            lines = [l for l in (r["stdout"] + r["stderr"]).splitlines() if "peers over" in l]
-            want = f"{tr} {n - 1}"
+                         "-c", "0"], 90, env=chorus_env_for(tr),
+                        log_path=os.path.join(raw_dir, f"transport_{tag}.log"))
+            text = r["stdout"] + r["stderr"]
+            lines = [l for l in text.splitlines() if "peers over" in l]
             counts = [l.split("peers over", 1)[1].split(";")[0].strip() for l in lines]
+            # Every rank reached all n-1 peers over the transport asked for.
             ok = r["status"] == "ok" and len(counts) == n and all(
-                want in c.replace(",", "") for c in counts)
+                parse_peers_over(c).get(tr) == n - 1 for c in counts)
             out[tag] = {"ok": ok, "peers_over": counts[:1][0] if counts else None,
                         "status": r["status"], "stderr_tail": None if ok else tail(r["stderr"], 5)}
+            if tr == "ucx":
+                ctx = [" ".join(l.split("ucx: ", 1)[1].split()) for l in text.splitlines()
+                       if "ucx: UCP context created" in l]
+                lanes = [" ".join(l.split("ucx: ", 1)[1].split()) for l in text.splitlines()
+                         if "ucx: " in l and " -> " in l and "lane[" in l]
+                out[tag].update({"ucx_tls": args.ucx_tls, "ucx_net_devices": args.ucx_net_devices,
+                                 "ucx_context": ctx[:1][0] if ctx else None,
+                                 "ucx_lanes": lanes[:1][0] if lanes else None})
+    return out
+
+
+def verify_ompi_ucx(tools, args, raw_dir):
+    """Open MPI over ucx: runs a one-size MPI_Allreduce per rank count with the job's options plus
+    --mca pml_base_verbose 10 (each rank logs "select: component ucx selected") and
+    UCX_LOG_LEVEL=info (UCX logs each endpoint configuration: "ep_cfg[1]: tag(tcp/lo)"), so the
+    report shows that pml ucx really ran and over which UCX transports."""
+    out = {}
+    if not tools["mpi_bench"]:
+        return out
+    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+               OMPI_MCA_btl_base_warn_component_unused="0")
+    for n in args.ranks:
+        over = ["--oversubscribe"] if n > (os.cpu_count() or 1) else []
+        r = run_cmd(["mpirun", "-np", str(n), "--bind-to", args.ompi_bind] + over +
+                    ompi_transport_args("ucx", args) +
+                    ["--mca", "pml_base_verbose", "10", "-x", "UCX_LOG_LEVEL=info",
+                     tools["mpi_bench"], "-b", "8", "-e", "8", "-n", "1", "-w", "0", "-c", "1",
+                     "-o", "allreduce"], 120, env=env,
+                    log_path=os.path.join(raw_dir, f"ompi_transport_ucx_{n}.log"))
+        text = r["stdout"] + r["stderr"]
+        selected = [l.split("select: component", 1)[1].split()[0] for l in text.splitlines()
+                    if "select: component" in l and l.rstrip().endswith("selected")]
+        cfgs = sorted({l.split("ep_cfg[", 1)[1].split(":", 1)[1].strip() for l in text.splitlines()
+                       if "ep_cfg[" in l and ":" in l.split("ep_cfg[", 1)[1]})
+        ok = r["status"] == "ok" and len(selected) == n and all(c == "ucx" for c in selected)
+        out[f"ucx_{n}"] = {"ok": ok, "pml_selected": sorted(set(selected)),
+                           "ranks_selected": len(selected), "ucx_ep_configs": cfgs,
+                           "ucx_tls": args.ucx_tls, "ucx_net_devices": args.ucx_net_devices,
+                           "status": r["status"],
+                           "stderr_tail": None if ok else tail(r["stderr"], 5)}
     return out
 
 
@@ -838,6 +997,8 @@ def write_report(state, out_dir, plots):
                     L.append(row)
                 L.append("")
 
+    L.extend(ucx_section(state, med, lim))
+
     bad = [r for r in state["runs"] if r["status"] != "ok"]
     unsup = {}
     for r in state["runs"]:
@@ -863,6 +1024,151 @@ def write_report(state, out_dir, plots):
     return med, lim
 
 
+# The UCX comparison (--transports ucx): Chorus and Open MPI both over UCX. Not an issue 3
+# target: a section of its own, after the shm/tcp tables.
+UCX_BIG = [MiB, 16 * MiB, 128 * MiB]  # the sizes whose busbw ratio the summary shows
+
+
+def ucx_bound_kind(tls):
+    """Which machine bound applies to a UCX_TLS list: "tcp" (tcp and self only), "memory" (no
+    tcp), or None (both kinds, e.g. tcp,sm,self: peers may use either)."""
+    names = {t.strip() for t in (tls or "").split(",") if t.strip()} - {"self"}
+    if names and names <= {"tcp"}:
+        return "tcp"
+    if names and "tcp" not in names:
+        return "memory"
+    return None
+
+
+def ucx_summary(med):
+    """Rows per (collective, ranks) with data over ucx: the smallest size's latencies and the
+    busbw ratio at UCX_BIG. Ratios are Chorus / Open MPI speed (above 1: Chorus is faster)."""
+    rows = []
+    for c in COLLS:
+        for n in sorted({k[2] for k in med if k[1] == "ucx"}):
+            sizes = sorted({k[4] for k in med if k[1] == "ucx" and k[2] == n and k[3] == c})
+            if not sizes:
+                continue
+            s0 = sizes[0]
+            ch, om = med.get(("chorus", "ucx", n, c, s0)), med.get(("ompi", "ucx", n, c, s0))
+            row = {"coll": c, "nranks": n, "small": s0, "chorus_us": ch and ch["time_us"],
+                   "ompi_us": om and om["time_us"],
+                   "lat_ratio": ch and om and om["time_us"] / ch["time_us"], "big": {}}
+            for s in UCX_BIG:
+                ch, om = med.get(("chorus", "ucx", n, c, s)), med.get(("ompi", "ucx", n, c, s))
+                if ch or om:
+                    row["big"][s] = {"chorus": ch and ch["busbw"], "ompi": om and om["busbw"],
+                                     "ratio": ch and om and ch["busbw"] / om["busbw"]}
+            rows.append(row)
+    return rows
+
+
+def ucx_label(meta):
+    return (f"both over UCX (UCX_TLS={meta.get('ucx_tls', '?')}, "
+            f"UCX_NET_DEVICES={meta.get('ucx_net_devices', '?')})")
+
+
+def ucx_summary_table(rows):
+    """Markdown lines of the summary table (also printed at the end of a run)."""
+    L = ["| Collective | Ranks | Size | Chorus us | Open MPI us | latency OMPI/Chorus | " +
+         " | ".join(f"busbw Chorus/OMPI at {fmt_size(s)}" for s in UCX_BIG) + " |",
+         "|---|---|---|---|---|---|" + "---|" * len(UCX_BIG)]
+    for r in rows:
+        big = [r["big"].get(s) for s in UCX_BIG]
+        L.append(f"| {COLL_TITLE[r['coll']]} | {r['nranks']} | {fmt_size(r['small'])} | "
+                 f"{fr(r['chorus_us'])} | {fr(r['ompi_us'])} | {fr(r['lat_ratio'])} | " +
+                 " | ".join("—" if not b else
+                            f"{fr(b['ratio'])} ({f3(b['chorus'])} / {f3(b['ompi'])})" for b in big)
+                 + " |")
+    return L
+
+
+def ucx_section(state, med, lim):
+    """The "Chorus vs Open MPI, both over UCX" section of ratios.md ([] without ucx data)."""
+    meta = state["meta"]
+    if not any(k[1] == "ucx" for k in med) and "ucx" not in (meta.get("transports") or []):
+        return []
+    tls = meta.get("ucx_tls", "?")
+    L = [f"## UCX: Chorus vs Open MPI, {ucx_label(meta)}\n"]
+    L.append("Chorus: `chorus-run -x CHORUS_TRANSPORT=UCX -x UCX_TLS=" + tls + " -x UCX_NET_DEVICES="
+             + meta.get("ucx_net_devices", "?") + "` with the same tools as above. Open MPI: `mpirun "
+             "--mca pml ucx --mca pml_ucx_tls any --mca pml_ucx_devices any -x UCX_TLS=" + tls +
+             " -x UCX_NET_DEVICES=" + meta.get("ucx_net_devices", "?") + "` (no btl options; "
+             "Debian's `pml = ^ucx` default is overridden on the command line). Gloo has no UCX. "
+             "Same sizes, bands, repetitions and method as the shm/tcp comparison. **Not counted "
+             "toward the issue 3 targets above.**\n")
+    ct = {k: v for k, v in (meta.get("chorus_transports") or {}).items() if k.startswith("ucx_")}
+    for k, v in ct.items():
+        L.append(f"- Chorus, {k.split('_')[1]} ranks: peers over {v.get('peers_over')}"
+                 + ("" if v["ok"] else " (UNEXPECTED: not every peer over ucx)")
+                 + (f"; {v['ucx_context']}" if v.get("ucx_context") else "")
+                 + (f"; first endpoint logged: `{v['ucx_lanes']}`" if v.get("ucx_lanes") else ""))
+    for k, v in (meta.get("ompi_transports") or {}).items():
+        L.append(f"- Open MPI, {k.split('_')[1]} ranks: pml "
+                 f"{', '.join(v['pml_selected']) or 'none'} selected on {v['ranks_selected']} "
+                 f"rank(s)" + ("" if v["ok"] else " (UNEXPECTED: not pml ucx on every rank)") +
+                 "; UCX endpoint configurations (UCX_LOG_LEVEL=info): " +
+                 ("; ".join(f"`{e}`" for e in v["ucx_ep_configs"]) or "none logged"))
+    if ct or meta.get("ompi_transports"):
+        L.append("")
+    if ucx_bound_kind(tls) is None:
+        L.append(f"Caveat: with UCX_TLS={tls} the two libraries may not use the same UCX "
+                 "transport: UCX 1.13's shared-memory transports cannot do peer-failure handling, "
+                 "so endpoints that ask for it (Chorus's) use tcp to same-host peers, while Open "
+                 "MPI 4.1's (no error handling) use sysv/cma. Compare the endpoint lines above.\n")
+    elif ucx_bound_kind(tls) == "memory":
+        L.append(f"Caveat: UCX_TLS={tls} has no tcp. UCX 1.13's shared-memory transports cannot do "
+                 "peer-failure handling, which Chorus's UCX endpoints ask for, so Chorus cannot "
+                 "create its endpoints (its jobs fail; see Failures) while Open MPI runs over "
+                 "them.\n")
+    rows = ucx_summary(med)
+    if not rows:
+        L.append("No UCX measurements (see Failures).\n")
+        return L
+    L.append("### Summary\n")
+    L.append("Smallest size (8 B for most collectives): time per call and the latency ratio "
+             "Open MPI time / Chorus time; large sizes: busbw ratio Chorus / Open MPI (in brackets "
+             "the busbw in GB/s, Chorus / Open MPI). Above 1: Chorus is faster.\n")
+    L.extend(ucx_summary_table(rows))
+    L.append("")
+    band_of = {}
+    for b in meta.get("bands", []):
+        for s in band_sizes(b):
+            band_of.setdefault(s, b["name"])
+    L.append("### Per size\n")
+    L.append("Band A: the small sizes (more iterations); L: the large-size sweep. Chorus/OMPI = "
+             "Open MPI time / Chorus time = Chorus busbw / Open MPI busbw; in brackets the range "
+             "of the per-repetition ratios; reps: measurements per library.\n")
+    for c in COLLS:
+        for n in sorted({k[2] for k in med if k[1] == "ucx"}):
+            sizes = sorted({k[4] for k in med if k[1] == "ucx" and k[2] == n and k[3] == c})
+            if not sizes:
+                continue
+            L.append(f"#### {COLL_TITLE[c]}, {n} ranks, {ucx_label(meta)}\n")
+            L.append("| Size | Band | Chorus us | Open MPI us | Chorus busbw | Open MPI busbw | "
+                     "Chorus/OMPI | reps |")
+            L.append("|---|---|---|---|---|---|---|---|")
+            for s in sizes:
+                ch, om = med.get(("chorus", "ucx", n, c, s)), med.get(("ompi", "ucx", n, c, s))
+                pr = paired(ch, om)
+                rng = f" [{min(pr):.2f}–{max(pr):.2f}]" if len(pr) > 1 else ""
+                L.append(f"| {fmt_size(s)} | {band_of.get(s, '?')} | {fr(ch and ch['time_us'])} | "
+                         f"{fr(om and om['time_us'])} | {f3(ch and ch['busbw'])} | "
+                         f"{f3(om and om['busbw'])} | "
+                         f"{fr(ch and om and om['time_us'] / ch['time_us'])}{rng} | "
+                         f"{ch['n'] if ch else 0}/{om['n'] if om else 0} |")
+            L.append("")
+    return L
+
+
+def print_ucx_table(state, med):
+    rows = ucx_summary(med)
+    if rows:
+        log(f"\nUCX: Chorus vs Open MPI, {ucx_label(state['meta'])} (not issue 3 targets):")
+        for line in ucx_summary_table(rows):
+            log("  " + line)
+
+
 def make_plots(state, med, lim, out_dir):
     try:
         import matplotlib
@@ -874,8 +1180,9 @@ def make_plots(state, med, lim, out_dir):
         return []
     files = []
     style = {"chorus": ("tab:blue", "o"), "ompi": ("tab:orange", "s"), "gloo": ("tab:green", "^")}
+    ucx_tls = state["meta"].get("ucx_tls", "?")
     for c in COLLS:
-        for tr in TRANSPORTS:
+        for tr in ALL_TRANSPORTS:
             fig, ax = plt.subplots(figsize=(8, 5))
             anything = False
             for lib in LIBS:
@@ -894,10 +1201,13 @@ def make_plots(state, med, lim, out_dir):
             if not anything:
                 plt.close(fig)
                 continue
-            bound = mem_bound_busbw(c, lim) if tr == "shm" else tcp_bound_busbw(c, lim)
+            mem = tr == "shm" or (tr == "ucx" and ucx_bound_kind(ucx_tls) == "memory")
+            bound = mem_bound_busbw(c, lim) if mem else tcp_bound_busbw(c, lim)
+            if tr == "ucx" and ucx_bound_kind(ucx_tls) is None:
+                bound = None  # tcp and shared memory mixed: no single bound applies
             if bound:
                 ax.axhline(bound, color="gray", ls="--",
-                           label=("memory-bandwidth bound" if tr == "shm" else "TCP loopback bound")
+                           label=("memory-bandwidth bound" if mem else "TCP loopback bound")
                            + f" ({bound:.2f} GB/s)")
             ax.set_xscale("log", base=2)
             ticks = [8 << (4 * i) for i in range(7)]  # 8 B, 128 B, 2 KiB, ... 128 MiB
@@ -905,7 +1215,9 @@ def make_plots(state, med, lim, out_dir):
             ax.set_xticklabels([fmt_size(t).replace(" ", "") for t in ticks])
             ax.set_xlabel("size (bytes)")
             ax.set_ylabel("busbw (GB/s)")
-            ax.set_title(f"{COLL_TITLE[c]}, {tr}, 2 ranks (median; bars: min–max over repetitions)")
+            trt = tr if tr != "ucx" else f"both over UCX (UCX_TLS={ucx_tls})"
+            ax.set_title(f"{COLL_TITLE[c]}, {trt}, 2 ranks (median; bars: min–max over repetitions)",
+                         **({"fontsize": 10} if tr == "ucx" else {}))
             ax.grid(True, which="both", alpha=0.3)
             ax.legend(loc="upper left", fontsize=8)
             p = os.path.join(out_dir, f"{c}_{tr}_2ranks.png")
@@ -929,18 +1241,29 @@ def main():
     ap.add_argument("--reps", type=int, default=None,
                     help="repetitions of the target sizes (default 3, 1 with --quick)")
     ap.add_argument("--ranks", default="2,4", help="comma list of rank counts (2,4)")
-    ap.add_argument("--transports", default="shm,tcp")
+    ap.add_argument("--transports", default="shm,tcp",
+                    help="comma list of shm, tcp, ucx (default shm,tcp); ucx: Chorus "
+                         "CHORUS_TRANSPORT=UCX against Open MPI --mca pml ucx, reported apart")
     ap.add_argument("--peers", default="chorus,ompi,gloo")
     ap.add_argument("--check", choices=["none", "first", "all"], default="first",
                     help="verify results (-c 1): none; first: the first repetition up to 16 MiB; "
                          "all: every job (default first)")
     ap.add_argument("--tcp-if", default="lo", help="interface for Open MPI's tcp btl and Gloo")
+    ap.add_argument("--ucx-tls", default="tcp,self",
+                    help="UCX_TLS for both libraries over ucx (default tcp,self; e.g. sm,self or "
+                         "tcp,sm,self)")
+    ap.add_argument("--ucx-net-devices", default="lo",
+                    help="UCX_NET_DEVICES for both libraries over ucx (default lo)")
     ap.add_argument("--ompi-bind", default="none",
                     help="mpirun --bind-to (none: like chorus-run, which does not pin)")
     ap.add_argument("--python", default="/usr/bin/python3", help="the Python that has torch")
     ap.add_argument("--chorus-env", action="append", default=[], metavar="NAME=VALUE",
                     help="extra environment for Chorus's ranks (chorus-run -x), repeatable; "
                          "e.g. CHORUS_SHM_CMA_BYTES=0")
+    ap.add_argument("--max-size", default=None, metavar="SIZE",
+                    help="cap every band at SIZE bytes (K/M suffixes), dropping bands that start "
+                         "above it: for quick plumbing checks, e.g. --quick --max-size 64K; the "
+                         "targets at larger sizes then read N/A")
     ap.add_argument("--max-job-timeout", type=float, default=900.0)
     ap.add_argument("--wait-quiet", type=float, default=0.0, metavar="SECONDS",
                     help="before each job wait up to SECONDS until other processes use < 0.3 "
@@ -954,9 +1277,12 @@ def main():
     args.peers = [p for p in args.peers.split(",") if p]
     if args.reps is None:
         args.reps = 1 if args.quick else 3
-    bad = [t for t in args.transports if t not in TRANSPORTS] + [p for p in args.peers if p not in LIBS]
+    bad = [t for t in args.transports if t not in ALL_TRANSPORTS] + [p for p in args.peers if p not in LIBS]
     if bad or args.reps < 1 or any(n < 2 for n in args.ranks):
         ap.error(f"bad --transports/--peers/--reps/--ranks ({', '.join(bad)})")
+    if any(kv.split("=", 1)[0] in ("UCX_TLS", "UCX_NET_DEVICES") for kv in args.chorus_env):
+        ap.error("set UCX_TLS / UCX_NET_DEVICES with --ucx-tls / --ucx-net-devices (for both "
+                 "libraries), not --chorus-env")
     os.makedirs(args.out, exist_ok=True)
     results_path = os.path.join(args.out, "results.json")
 
@@ -968,19 +1294,33 @@ def main():
         plots = make_plots(state, med, limits_summary(state), args.out)
         write_report(state, args.out, plots)
         log(f"wrote {os.path.join(args.out, 'ratios.md')}")
+        print_ucx_table(state, med)
         return 0
 
     build = args.build_dir or next((os.path.join(REPO, d) for d in ("build-cmp", "build")
                                     if os.path.isdir(os.path.join(REPO, d))), os.path.join(REPO, "build"))
     tools = find_tools(build)
-    peers = probe_peers(tools, args.python)
+    peers = probe_peers(tools, args.python, args.transports)
     for lib in LIBS:
         log(f"{LIB_TITLE[lib]:>9}: " + (peers[lib].get("version", "ok") if peers[lib]["ok"]
                                          else "MISSING — " + peers[lib]["why"]))
+    if "ucx" in args.transports:
+        log(f"ucx: both libraries with UCX_TLS={args.ucx_tls} UCX_NET_DEVICES={args.ucx_net_devices}")
+        for lib in ("chorus", "ompi"):
+            if peers[lib]["ok"] and peers[lib].get("ucx_why"):
+                log(f"ucx: {LIB_TITLE[lib]}: " + ("SKIPPED — " if peers[lib].get("ucx") is False
+                                                   else "") + peers[lib]["ucx_why"])
     if not peers["chorus"]["ok"]:
         log(f"Chorus's tools are missing in {build}; build them first:\n"
             f"  cmake -S {REPO} -B {build} -DCMAKE_BUILD_TYPE=Release && make -C {build} -j2")
     bands = QUICK_BANDS if args.quick else FULL_BANDS
+    if args.max_size:
+        cap = parse_size(args.max_size)
+        # Each band ends at its largest size <= cap (its buffers then have that size).
+        bands = [dict(b, e=[s for s in band_sizes(b) if s <= cap][-1])
+                 for b in bands if b["b"] <= cap]
+        if not bands:
+            ap.error(f"--max-size {args.max_size}: below every band's smallest size")
     jobs = plan_jobs(args, bands, peers)
     est = sum(estimate_job(j, checked(j, args)) for j in jobs) + (25 if args.quick else 60)  # + machine limits
     log(f"plan: {len(jobs)} jobs, ranks {args.ranks}, transports {args.transports}, "
@@ -1001,6 +1341,9 @@ def main():
                       "chorus_env": args.chorus_env,
                       "machine": machine_info(), "peers": peers, "estimate_s": round(est)},
              "limits": {}, "runs": []}
+    if "ucx" in args.transports:
+        state["meta"]["ucx_tls"] = args.ucx_tls
+        state["meta"]["ucx_net_devices"] = args.ucx_net_devices
     t0 = time.monotonic()
 
     def save():
@@ -1011,10 +1354,20 @@ def main():
         os.replace(tmp, results_path)
 
     if peers["chorus"]["ok"]:
-        state["meta"]["chorus_transports"] = verify_transports(tools, args, raw_dir)
+        state["meta"]["chorus_transports"] = verify_transports(
+            tools, args, raw_dir, [t for t in args.transports
+                                   if t != "ucx" or peers["chorus"].get("ucx") is not False])
         for k, v in state["meta"]["chorus_transports"].items():
             log(f"Chorus transport check {k}: {'ok' if v['ok'] else 'UNEXPECTED'} "
-                f"(peers over {v['peers_over']})")
+                f"(peers over {v['peers_over']})" +
+                (f"; {v['ucx_context']}; lanes {v['ucx_lanes']}" if k.startswith("ucx") else ""))
+    if "ucx" in args.transports and "ompi" in args.peers and peers["ompi"]["ok"] and \
+            peers["ompi"].get("ucx") is not False:
+        state["meta"]["ompi_transports"] = verify_ompi_ucx(tools, args, raw_dir)
+        for k, v in state["meta"]["ompi_transports"].items():
+            log(f"Open MPI transport check {k}: {'ok' if v['ok'] else 'UNEXPECTED'} (pml "
+                f"{', '.join(v['pml_selected']) or 'none'} selected on {v['ranks_selected']} "
+                f"rank(s); UCX endpoints {'; '.join(v['ucx_ep_configs']) or 'none logged'})")
     log("machine limits (start) ...")
     state["limits"]["start"] = run_limits(tools, args, raw_dir, "start")
     save()
@@ -1035,6 +1388,7 @@ def main():
         f"and {len(plots)} plot(s)")
     for t in state["targets"]:
         log(f"  {t['verdict']:>4}  {t['target']}")
+    print_ucx_table(state, med)
     return 0 if nbad == 0 else 1
 
 
