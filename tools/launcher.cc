@@ -42,10 +42,17 @@ namespace {
 
 std::vector<std::string> rank_environment(const Options& o, const std::string& id_hex, int rank) {
   std::vector<std::string> env;
-  auto ours = [](const char* e) {
+  // Variables the launcher sets itself, or that the caller gives with -x (which override the
+  // inherited ones: getenv returns the first of two entries with one name).
+  auto ours = [&o](const char* e) {
     for (const char* p : {"CHORUS_UNIQUE_ID=", "CHORUS_RANK=", "CHORUS_NRANKS=", "CHORUS_LOCAL_RANK=",
                           "RANK=", "WORLD_SIZE=", "LOCAL_RANK=", "LOCAL_WORLD_SIZE="})
       if (std::strncmp(e, p, std::strlen(p)) == 0) return true;
+    for (const std::string& x : o.env) {
+      size_t eq = x.find('=');
+      size_t name = eq == std::string::npos ? x.size() : eq;
+      if (std::strncmp(e, x.c_str(), name) == 0 && e[name] == '=') return true;
+    }
     return false;
   };
   for (char** e = environ; *e != nullptr; ++e)

@@ -39,5 +39,12 @@ if [[ "$out" == "status 0" ]] || ! grep -q "rank" "$tmp/err"; then
 else
   echo "ok   failing program: $out"
 fi
-echo "$((5 - failures)) passed, $failures failed"
+# -x NAME=VALUE overrides an inherited NAME in every rank.
+out=$(CHORUS_X_PROBE=inherited "$run" -n 2 -x CHORUS_X_PROBE=given sh -c 'echo "$CHORUS_X_PROBE"' 2>&1 | sort -u)
+if [ "$out" != "given" ]; then
+  echo "FAIL -x override: ranks saw '$out'"; failures=$((failures + 1))
+else
+  echo "ok   -x override: ranks saw '$out'"
+fi
+echo "$((6 - failures)) passed, $failures failed"
 [ "$failures" -eq 0 ]
