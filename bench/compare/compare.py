@@ -421,7 +421,8 @@ def job_cmd(job, tools, args, raw_dir, tag):
         extra = [a for kv in args.chorus_env for a in ("-x", kv)]
         cmd = [tools["chorus_run"], "-n", str(job["nranks"]), "--timeout", str(int(timeout))] + \
             chorus_transport_args(job["transport"], args) + extra + [
-               tools["perf"][c]] + common + ["-z", "1", "-c", check, "-J", jpath]
+               tools["perf"][c]] + common + ["-z", "1", "-c", check, "-J", jpath] + (
+               ["-R", "1"] if args.chorus_register else [])
     elif job["lib"] == "ompi":
         over = ["--oversubscribe"] if job["nranks"] > (os.cpu_count() or 1) else []
         cmd = ["mpirun", "-np", str(job["nranks"]), "--bind-to", args.ompi_bind] + over + \
@@ -859,6 +860,9 @@ def write_report(state, out_dir, plots):
     L.append("Peers: " + "; ".join(
         f"{LIB_TITLE[k]}: " + (v.get("version", "ok") if v["ok"] else "MISSING — " + v["why"])
         for k, v in pv.items()) + ".\n")
+    if meta.get("chorus_register"):
+        L.append("Chorus's buffers: ncclMemAlloc memory registered with ncclCommRegister "
+                 "(`-R 1`); the peers' buffers are plain memory.\n")
     if meta.get("chorus_env"):
         L.append("Chorus ran with extra environment: " +
                  ", ".join(f"`{kv}`" for kv in meta["chorus_env"]) + ".\n")
@@ -1260,6 +1264,9 @@ def main():
     ap.add_argument("--chorus-env", action="append", default=[], metavar="NAME=VALUE",
                     help="extra environment for Chorus's ranks (chorus-run -x), repeatable; "
                          "e.g. CHORUS_SHM_CMA_BYTES=0")
+    ap.add_argument("--chorus-register", action="store_true",
+                    help="Chorus's buffers come from ncclMemAlloc and are registered with "
+                         "ncclCommRegister (the tools' -R 1): same-host transfers copy once")
     ap.add_argument("--max-size", default=None, metavar="SIZE",
                     help="cap every band at SIZE bytes (K/M suffixes), dropping bands that start "
                          "above it: for quick plumbing checks, e.g. --quick --max-size 64K; the "
@@ -1339,6 +1346,7 @@ def main():
                       "transports": args.transports, "bands": bands, "build_dir": build,
                       "tcp_if": args.tcp_if, "ompi_bind": args.ompi_bind, "check": args.check,
                       "chorus_env": args.chorus_env,
+                      "chorus_register": args.chorus_register,
                       "machine": machine_info(), "peers": peers, "estimate_s": round(est)},
              "limits": {}, "runs": []}
     if "ucx" in args.transports:
