@@ -1,0 +1,343 @@
+// SPDX-License-Identifier: Apache-2.0
+// File: transports/ucx/ucx_worker.cc
+// UCP contexts, workers and endpoints; the arm/progress protocol for sleeping.
+#include "transports/ucx/ucx_worker.h"
+
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <mutex>
+
+#include "common/log.h"
+#include "transports/registry.h"
+
+namespace chorus::ucx {
+
+namespace {
+
+constexpr int kCloseFlushMs = 1000;
+constexpr size_t kMaxSmallBytes = 8192;  // discard_unexpected(): a header message at most
+
+// The value of UCX setting `name` (without "UCX_") in `config`, read from its printout.
+std::string config_value(const ucp_config_t* config, std::string_view name) {
+  char* text = nullptr;
+  size_t size = 0;
+  FILE* stream = open_memstream(&text, &size);
+  if (stream == nullptr) return "?";
+  ucp_config_print(config, stream, nullptr, UCS_CONFIG_PRINT_CONFIG);
+  std::fclose(stream);
+  std::string value = "?";
+  std::string key = fmt::format("UCX_{}=", name);
+  std::string_view all(text, size);
+  for (size_t pos = 0; pos < all.size();) {
+    size_t end = all.find('\n', pos);
+    if (end == std::string_view::npos) end = all.size();
+    std::string_view line = all.substr(pos, end - pos);
+    if (line.substr(0, key.size()) == key) {
+      value = std::string(line.substr(key.size()));
+      break;
+    }
+    pos = end + 1;
+  }
+  std::free(text);
+  return value;
+}
+
+void on_ep_error(void* arg, ucp_ep_h ep, ucs_status_t status) {
+  (void)ep;
+  auto* peer = static_cast<Peer*>(arg);
+  if (peer->failure == UCS_OK) peer->failure = status == UCS_OK ? UCS_ERR_IO_ERROR : status;
+  CHORUS_INFO(kNet, "ucx: endpoint to {} failed: {}", peer->label, ucs_status_string(status));
+}
+
+std::mutex g_contexts_mutex;
+
+}  // namespace
+
+// ---- Context --------------------------------------------------------------------------------
+
+Result<std::shared_ptr<Context>> Context::get(const ConfigOverrides& overrides) {
+  static std::map<std::string, std::weak_ptr<Context>> cache;
+  // The default contexts, kept for the process and never destroyed: a child after fork() must
+  // not clean up the one it inherited (it belongs to the parent's UCX state).
+  static auto* kept = new std::vector<std::shared_ptr<Context>>();
+
+  std::string key = fmt::format("pid {}", getpid());
+  for (const auto& [name, value] : overrides) key += fmt::format("\n{}={}", name, value);
+
+  std::lock_guard<std::mutex> lock(g_contexts_mutex);
+  if (auto it = cache.find(key); it != cache.end()) {
+    if (std::shared_ptr<Context> existing = it->second.lock()) return existing;
+  }
+  ucp_config_t* config = nullptr;
+  ucs_status_t st = ucp_config_read(nullptr, nullptr, &config);
+  if (st != UCS_OK) {
+    return make_status(Code::kSystemError, "ucx: reading the UCX configuration failed: {}",
+                       ucs_status_string(st));
+  }
+  for (const auto& [name, value] : overrides) {
+    st = ucp_config_modify(config, name.c_str(), value.c_str());
+    if (st != UCS_OK) {
+      ucp_config_release(config);
+      return invalid_argument("ucx: cannot set UCX_{}={}: {}", name, value, ucs_status_string(st));
+    }
+  }
+  std::string tls = config_value(config, "TLS");
+
+  ucp_params_t params{};
+  params.field_mask =
+      UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED | UCP_PARAM_FIELD_NAME;
+  params.features = UCP_FEATURE_TAG | UCP_FEATURE_WAKEUP;
+  params.mt_workers_shared = 1;  // ranks may be threads of this process, each with a worker
+  params.name = "chorus";
+  ucp_context_h handle = nullptr;
+  st = ucp_init(&params, config, &handle);
+  ucp_config_release(config);
+  if (st != UCS_OK) {
+    return make_status(Code::kSystemError, "ucx: ucp_init failed (UCX_TLS={}): {}", tls,
+                       ucs_status_string(st));
+  }
+  std::shared_ptr<Context> ctx(new Context(handle, tls));
+  cache[key] = ctx;
+  if (overrides.empty()) kept->push_back(ctx);
+  std::erase_if(cache, [](const auto& entry) { return entry.second.expired(); });
+  CHORUS_INFO(kNet, "ucx: UCP context created (UCX_TLS={}{})", tls,
+              overrides.empty() ? "" : ", settings given by the caller");
+  return ctx;
+}
+
+Context::~Context() {
+  if (ctx_ != nullptr) ucp_cleanup(ctx_);
+}
+
+// ---- Peer -----------------------------------------------------------------------------------
+
+std::string Peer::why() const {
+  if (!local_reason.empty()) return local_reason;
+  if (failure != UCS_OK) return fmt::format("went away (UCX: {})", ucs_status_string(failure));
+  return "is fine";
+}
+
+// ---- Worker ---------------------------------------------------------------------------------
+
+Result<std::shared_ptr<Worker>> Worker::create(std::shared_ptr<Context> context,
+                                               std::string label) {
+  std::shared_ptr<Worker> w(new Worker(std::move(context), std::move(label)));
+  ucp_worker_params_t params{};
+  params.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
+  params.thread_mode = UCS_THREAD_MODE_SERIALIZED;
+  ucs_status_t st = ucp_worker_create(w->context_->handle(), &params, &w->worker_);
+  if (st != UCS_OK) {
+    w->worker_ = nullptr;
+    return make_status(Code::kSystemError, "ucx: {}: ucp_worker_create failed: {}", w->label_,
+                       ucs_status_string(st));
+  }
+  st = ucp_worker_get_efd(w->worker_, &w->efd_);
+  if (st != UCS_OK) {
+    return make_status(Code::kSystemError, "ucx: {}: ucp_worker_get_efd failed: {}", w->label_,
+                       ucs_status_string(st));
+  }
+  ucp_address_t* addr = nullptr;
+  size_t len = 0;
+  st = ucp_worker_get_address(w->worker_, &addr, &len);
+  if (st != UCS_OK) {
+    return make_status(Code::kSystemError, "ucx: {}: ucp_worker_get_address failed: {}",
+                       w->label_, ucs_status_string(st));
+  }
+  w->address_.assign(reinterpret_cast<const char*>(addr), len);
+  ucp_worker_release_address(w->worker_, addr);
+  if (w->address_.size() > kMaxTransportBlob) {
+    // Many devices: publish the network devices only.
+    ucp_worker_attr_t attr{};
+    attr.field_mask = UCP_WORKER_ATTR_FIELD_ADDRESS | UCP_WORKER_ATTR_FIELD_ADDRESS_FLAGS;
+    attr.address_flags = UCP_WORKER_ADDRESS_FLAG_NET_ONLY;
+    st = ucp_worker_query(w->worker_, &attr);
+    if (st == UCS_OK) {
+      w->address_.assign(reinterpret_cast<const char*>(attr.address), attr.address_length);
+      ucp_worker_release_address(w->worker_, attr.address);
+    }
+    if (st != UCS_OK || w->address_.size() > kMaxTransportBlob) {
+      return make_status(Code::kSystemError,
+                         "ucx: {}: the worker address takes {} bytes, more than the {} a "
+                         "transport may publish (limit UCX_TLS / UCX_NET_DEVICES)",
+                         w->label_, w->address_.size(), kMaxTransportBlob);
+    }
+  }
+  ucp_worker_attr_t attr{};
+  attr.field_mask = UCP_WORKER_ATTR_FIELD_THREAD_MODE;
+  if (ucp_worker_query(w->worker_, &attr) == UCS_OK &&
+      attr.thread_mode != UCS_THREAD_MODE_SERIALIZED) {
+    CHORUS_INFO(kNet, "ucx: {}: worker thread mode {} instead of serialized", w->label_,
+                static_cast<int>(attr.thread_mode));
+  }
+  return w;
+}
+
+Worker::~Worker() {
+  if (worker_ == nullptr) return;
+  std::vector<void*> closing = std::move(closing_);
+  auto close = [&](Peer& p, bool force) {
+    if (p.ep == nullptr) return;
+    ucp_request_param_t param{};
+    param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+    param.flags = force ? UCP_EP_CLOSE_FLAG_FORCE : 0;
+    ucs_status_ptr_t req = ucp_ep_close_nbx(p.ep, &param);
+    p.ep = nullptr;
+    if (UCS_PTR_IS_PTR(req)) closing.push_back(req);
+  };
+  // Endpoints to failed peers are dropped at once; what they sent and nobody received goes too.
+  for (auto& p : peers_)
+    if (p->failed()) close(*p, true);
+  discard_unexpected(200);
+  // The others are flushed: that completes once the peer acknowledged everything we sent
+  // (UCX over TCP asks for a remote acknowledgement), which needs the peer to progress; ranks
+  // that destroy a communicator together do. A peer that does not is given kCloseFlushMs.
+  for (auto& p : peers_) close(*p, false);
+  auto all_closed = [&] {
+    for (void* r : closing)
+      if (ucp_request_check_status(r) == UCS_INPROGRESS) return false;
+    return true;
+  };
+  if (!progress_until(*this, all_closed, kCloseFlushMs)) {
+    CHORUS_INFO(kNet,
+                "ucx: {}: endpoints not flushed after {} ms (peers not progressing); destroying "
+                "the worker anyway",
+                label_, kCloseFlushMs);
+  }
+  for (void* r : closing) ucp_request_free(r);
+  ucp_worker_destroy(worker_);
+  worker_ = nullptr;
+}
+
+// Messages nobody will receive: small ones (headers, farewells, hellos) and anything from a
+// failed peer. UCX would otherwise warn about each one when the worker goes. Payloads from live
+// peers stay (receiving them would pull the data).
+void Worker::discard_unexpected(int budget_ms) {
+  const int64_t end = now_ns() + int64_t{budget_ms} * 1000000;
+  std::vector<uint8_t> scratch;
+  std::vector<std::vector<uint8_t>> outgrown;  // receives in flight may still use them
+  std::vector<void*> reqs;
+  progress();
+  for (int n = 0; n < (1 << 16) && now_ns() < end; ++n) {
+    ucp_tag_recv_info_t info{};
+    ucp_tag_message_h msg = nullptr;
+    // Probe by source rank: everything from a failed peer, else the small messages.
+    for (const auto& p : peers_) {
+      if (!p->failed()) continue;
+      msg = ucp_tag_probe_nb(worker_, static_cast<ucp_tag_t>(p->rank), 0xfffffffu, 1, &info);
+      if (msg != nullptr) break;
+    }
+    if (msg == nullptr) {
+      msg = ucp_tag_probe_nb(worker_, 0, 0, 0, &info);
+      if (msg == nullptr || info.length > kMaxSmallBytes) break;
+      msg = ucp_tag_probe_nb(worker_, info.sender_tag, ~ucp_tag_t{0}, 1, &info);
+      if (msg == nullptr) break;
+    }
+    if (scratch.size() < info.length) {
+      if (!scratch.empty()) outgrown.push_back(std::move(scratch));
+      scratch = std::vector<uint8_t>(info.length);
+    }
+    ucp_request_param_t param{};
+    param.op_attr_mask = UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
+    ucs_status_ptr_t r = ucp_tag_msg_recv_nbx(worker_, scratch.data(), info.length, msg, &param);
+    if (UCS_PTR_IS_PTR(r)) reqs.push_back(r);
+  }
+  auto all_done = [&] {
+    for (void* r : reqs)
+      if (ucp_request_check_status(r) == UCS_INPROGRESS) return false;
+    return true;
+  };
+  int64_t left_ms = (end - now_ns()) / 1000000;
+  progress_until(*this, all_done, static_cast<int>(left_ms > 0 ? left_ms : 0));
+  bool all = all_done();
+  for (void* r : reqs) ucp_request_free(r);
+  if (all) return;
+  bury(std::move(scratch));  // UCX may still write into them
+  for (auto& b : outgrown) bury(std::move(b));
+}
+
+Result<std::shared_ptr<Peer>> Worker::add_peer(int rank, std::string label,
+                                               std::string_view address) {
+  auto peer = std::make_shared<Peer>();
+  peer->rank = rank;
+  peer->label = std::move(label);
+  // UCX unpacks the address in place: give it an aligned private copy.
+  std::vector<uint64_t> copy((address.size() + 7) / 8);
+  std::memcpy(copy.data(), address.data(), address.size());
+  ucp_ep_params_t params{};
+  params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+                      UCP_EP_PARAM_FIELD_ERR_HANDLER;
+  params.address = reinterpret_cast<const ucp_address_t*>(copy.data());
+  params.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+  params.err_handler.cb = on_ep_error;
+  params.err_handler.arg = peer.get();
+  ucs_status_t st = ucp_ep_create(worker_, &params, &peer->ep);
+  if (st != UCS_OK) {
+    peer->ep = nullptr;
+    return remote_error(
+        "ucx: {} cannot create an endpoint to {}: {} (UCX_TLS={}; endpoints need peer failure "
+        "detection, which UCX 1.13's shared-memory transports lack: include tcp)",
+        label_, peer->label, ucs_status_string(st), context_->tls());
+  }
+  peers_.push_back(peer);
+  return peer;
+}
+
+bool Worker::progress() {
+  unsigned total = 0;
+  for (int i = 0; i < 64; ++i) {
+    unsigned n = ucp_worker_progress(worker_);
+    if (n == 0) break;
+    total += n;
+  }
+  return total > 0;
+}
+
+int Worker::poll_fd(short* events) {
+  ucs_status_t st = ucp_worker_arm(worker_);
+  *events = POLLIN;
+  if (st == UCS_OK) return efd_;
+  // Events are pending that will not signal the event fd again: the caller must progress
+  // instead of sleeping. (ucp_worker_signal() would not do: arm() consumes its signal and
+  // returns BUSY again, forever.)
+  if (st == UCS_ERR_BUSY) return always_ready_fd();
+  return -1;
+}
+
+void Worker::wait(int timeout_ms) {
+  if (progress()) return;
+  ucs_status_t st = ucp_worker_arm(worker_);
+  if (st == UCS_ERR_BUSY) return;
+  pollfd pfd{efd_, POLLIN, 0};
+  if (st != UCS_OK) {
+    pfd.fd = -1;  // poll() then just sleeps
+    timeout_ms = timeout_ms < 1 ? timeout_ms : 1;
+  }
+  ::poll(&pfd, 1, timeout_ms);
+}
+
+void Worker::force_close(Peer* peer, std::string reason) {
+  if (!peer->failed()) peer->local_reason = std::move(reason);
+  if (peer->ep == nullptr) return;
+  ucp_request_param_t param{};
+  param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+  param.flags = UCP_EP_CLOSE_FLAG_FORCE;
+  ucs_status_ptr_t req = ucp_ep_close_nbx(peer->ep, &param);
+  peer->ep = nullptr;
+  if (UCS_PTR_IS_PTR(req)) closing_.push_back(req);
+}
+
+void Worker::bury(std::vector<uint8_t> buf) {
+  if (!buf.empty()) graveyard_.push_back(std::move(buf));
+}
+
+int always_ready_fd() {
+  static const int fd = eventfd(1, EFD_CLOEXEC | EFD_NONBLOCK);
+  return fd;
+}
+
+}  // namespace chorus::ucx

@@ -1,0 +1,129 @@
+// SPDX-License-Identifier: Apache-2.0
+// File: transports/ucx/ucx_worker.h
+// UCP resources: the process's contexts (one per set of UCX settings), one worker per
+// communicator rank, and one endpoint per peer with its failure state.
+#pragma once
+
+#include <ucp/api/ucp.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "common/clock.h"
+#include "common/status.h"
+
+namespace chorus::ucx {
+
+using ConfigOverrides = std::vector<std::pair<std::string, std::string>>;
+
+// A UCP context with features TAG and WAKEUP, shared by every worker of this process that uses
+// the same settings (it is created thread-safe: mt_workers_shared). The environment's UCX_*
+// variables are read when it is created (ucp_config_read), then `overrides` applied.
+class Context {
+ public:
+  // The context for `overrides`, created on first use. The default one (no overrides) is kept
+  // for the life of the process, like any UCX application's; others go with their last user.
+  // A child process after fork() never reuses its parent's.
+  static Result<std::shared_ptr<Context>> get(const ConfigOverrides& overrides);
+  ~Context();
+  Context(const Context&) = delete;
+  Context& operator=(const Context&) = delete;
+
+  ucp_context_h handle() const { return ctx_; }
+  // The UCX_TLS value in effect ("all" by default), for messages.
+  const std::string& tls() const { return tls_; }
+
+ private:
+  Context(ucp_context_h ctx, std::string tls) : ctx_(ctx), tls_(std::move(tls)) {}
+  ucp_context_h ctx_;
+  std::string tls_;
+};
+
+// The endpoint to one peer, shared by the connections of all its channels. The error callback
+// runs inside ucp_worker_progress() of the owning worker and only records the failure.
+struct Peer {
+  int rank = -1;
+  std::string label;              // "rank 3 (host node7, pid 1234)"
+  ucp_ep_h ep = nullptr;          // null once closed
+  ucs_status_t failure = UCS_OK;  // reported by UCX (UCS_ERR_ENDPOINT_TIMEOUT, ...)
+  std::string local_reason;       // why this side closed the endpoint early, if it did
+
+  bool failed() const { return failure != UCS_OK || !local_reason.empty(); }
+  // "went away (UCX: Endpoint timeout)" or "was cut off by rank 0: <reason>".
+  std::string why() const;
+};
+
+// One UCP worker (UCS_THREAD_MODE_SERIALIZED: the ranks' driving threads take turns under the
+// communicator's drive mutex) and its endpoints. Not thread-safe.
+class Worker {
+ public:
+  // `label` names the owner in messages ("comm 0x12 rank 1/4").
+  static Result<std::shared_ptr<Worker>> create(std::shared_ptr<Context> context,
+                                                std::string label);
+  ~Worker();
+  Worker(const Worker&) = delete;
+  Worker& operator=(const Worker&) = delete;
+
+  ucp_worker_h handle() const { return worker_; }
+  const Context& context() const { return *context_; }
+  const std::string& label() const { return label_; }
+  // This worker's UCP address, what peers connect to.
+  const std::string& address() const { return address_; }
+
+  // An endpoint (error mode PEER) to the worker at `address`. kRemoteError when UCX cannot
+  // reach it with the configured transports.
+  Result<std::shared_ptr<Peer>> add_peer(int rank, std::string label, std::string_view address);
+  const std::vector<std::shared_ptr<Peer>>& peers() const { return peers_; }
+
+  // ucp_worker_progress() until it reports nothing (bounded); true if anything happened.
+  bool progress();
+  // For Connection::poll_fd(): arms the worker and returns its event fd (POLLIN); when arming
+  // reports pending events (UCS_ERR_BUSY) returns a descriptor that is always readable so that
+  // the caller does not sleep; -1 if arming fails otherwise.
+  int poll_fd(short* events);
+  // Progresses, then sleeps on the event fd until UCX has an event or `timeout_ms` passes.
+  void wait(int timeout_ms);
+  // Closes `peer`'s endpoint at once (UCP_EP_CLOSE_FLAG_FORCE): operations still in flight on
+  // it complete with an error, and its connections fail with `reason`.
+  void force_close(Peer* peer, std::string reason);
+  // Keeps `buf` alive until the worker is destroyed: UCX may still write into it.
+  void bury(std::vector<uint8_t> buf);
+
+ private:
+  Worker(std::shared_ptr<Context> context, std::string label)
+      : context_(std::move(context)), label_(std::move(label)) {}
+  // Receives and drops unexpected messages that nobody will ask for, for `budget_ms` at most.
+  void discard_unexpected(int budget_ms);
+
+  std::shared_ptr<Context> context_;
+  std::string label_;
+  ucp_worker_h worker_ = nullptr;
+  int efd_ = -1;
+  std::string address_;
+  std::vector<std::shared_ptr<Peer>> peers_;
+  std::vector<void*> closing_;  // close requests of force-closed endpoints
+  std::vector<std::vector<uint8_t>> graveyard_;
+};
+
+// A readable eventfd that nobody drains (the answer to UCS_ERR_BUSY), or -1.
+int always_ready_fd();
+
+// Progresses `worker` (sleeping on its event fd in between) until `done()` or `timeout_ms`
+// pass; returns done().
+template <typename Pred>
+bool progress_until(Worker& worker, Pred done, int timeout_ms) {
+  const int64_t end = now_ns() + int64_t{timeout_ms} * 1000000;
+  for (;;) {
+    worker.progress();
+    if (done()) return true;
+    int64_t left_ms = (end - now_ns()) / 1000000;
+    if (left_ms <= 0) return done();
+    worker.wait(static_cast<int>(left_ms < 5 ? left_ms : 5));
+  }
+}
+
+}  // namespace chorus::ucx
