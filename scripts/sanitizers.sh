@@ -37,7 +37,11 @@ done
 #   - TSan: the whole default-choice matrix ("<Coll> matrix with N ranks", 1M-element counts):
 #     the per-algorithm matrix runs every algorithm of every collective with 1-8 ranks;
 #   - TSan: the frozen-peer fault test, which asserts when the timeout fires (within 100 ms
-#     before and 5 s after CHORUS_TIMEOUT_MS), a timing that TSan's slowdown does not keep.
+#     before and 5 s after CHORUS_TIMEOUT_MS), a timing that TSan's slowdown does not keep;
+#   - TSan: the UCX tests: libucx is not instrumented and runs threads of its own, so TSan
+#     cannot see its synchronisation (ASan runs them);
+#   - both: the launcher and layering checks (a shell script around chorus-run, and builds of
+#     probe files), which exercise no instrumented code.
 # and with fewer datatypes (CHORUS_TEST_DATATYPES, tests/support/coll_check.h): the transports
 # and algorithms depend on the element size only, and every datatype's kernels are checked
 # by the unit tests. ASan keeps one datatype of each size (int8, half, float, double); TSan,
@@ -45,10 +49,10 @@ done
 core_tests=(chorus_unit_tests chorus_ranks_tests chorus_mp_tests chorus_mp_worker
             chorus_fault_tests)
 core_labels='^(unit|ranks|mp)$'
-not_instrumented='^(abi|install|example|netns):'
+not_instrumented='^(abi|install|example|netns|launcher|layers):'
 asan_exclude=$not_instrumented
 asan_datatypes=int8,half,float,double
-tsan_exclude="$not_instrumented|^ranks:.* matrix with [0-9]+ ranks$|^fault:a frozen peer"
+tsan_exclude="$not_instrumented|^ranks:.* matrix with [0-9]+ ranks$|^fault:a frozen peer|UCX|^unit:ucx:"
 tsan_datatypes=int8,float
 
 configure_build() {  # dir, extra cmake arguments...

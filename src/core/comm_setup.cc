@@ -24,6 +24,15 @@ constexpr size_t kMaxTransportName = 32;
 // The message size at which transports' costs are compared.
 constexpr size_t kCostReferenceBytes = 1 << 20;
 
+// Transport names are short lower-case identifiers ([a-z0-9_]+): anything else in a record is
+// corruption (a NUL inside one would also make two different names compare equal as C strings).
+bool valid_transport_name(const std::string& name) {
+  if (name.empty()) return false;
+  for (char c : name)
+    if (!((c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_')) return false;
+  return true;
+}
+
 bool forced_auto(const std::string& forced) { return strcasecmp(forced.c_str(), "AUTO") == 0; }
 
 std::string registered_names() {
@@ -92,6 +101,9 @@ Result<PeerInfo> PeerInfo::parse(std::string_view bytes) {
     Blob b;
     CHORUS_RETURN_IF_ERROR(r.get_string(&b.transport, kMaxTransportName));
     CHORUS_RETURN_IF_ERROR(r.get_string(&b.bytes, kMaxTransportBlob));
+    if (!valid_transport_name(b.transport))
+      return remote_error("peer info record names a transport '{}' that is not a transport name",
+                          b.transport);
     for (const Blob& other : p.blobs)
       if (other.transport == b.transport)
         return remote_error("peer info record lists transport '{}' twice", b.transport);
