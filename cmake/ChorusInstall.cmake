@@ -16,5 +16,9 @@ install(FILES ${PROJECT_BINARY_DIR}/chorusConfig.cmake ${PROJECT_BINARY_DIR}/cho
         DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/chorus)
 # The .pc file locates its prefix relative to itself, so an installed tree can be moved.
 file(RELATIVE_PATH CHORUS_PC_TO_PREFIX "${CMAKE_INSTALL_FULL_LIBDIR}/pkgconfig" "${CMAKE_INSTALL_PREFIX}")
+set(CHORUS_PC_TRANSPORT_LIBS "")
+if(CHORUS_HAVE_UCX)
+  string(JOIN " " CHORUS_PC_TRANSPORT_LIBS ${UCX_LDFLAGS})
+endif()
 configure_file(${PROJECT_SOURCE_DIR}/cmake/chorus.pc.in ${PROJECT_BINARY_DIR}/chorus.pc @ONLY)
 install(FILES ${PROJECT_BINARY_DIR}/chorus.pc DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig)

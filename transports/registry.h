@@ -36,6 +36,10 @@ struct TransportCaps {
   bool one_sided_put = false;      // can write into registered remote memory
   bool registration = false;       // registers memory (ncclCommRegister, ncclMemAlloc)
   bool reduce_on_receive = false;  // RecvRequest::reduce is honoured by the mechanism itself
+  // Opened only when CHORUS_TRANSPORT names it: a transport whose resources cost something in
+  // every process (threads, file descriptors, a library's global state) and that the cost
+  // policy would not choose by itself.
+  bool opt_in = false;
 };
 
 // One rank as the transports see it: its identity, and what this transport published for it.

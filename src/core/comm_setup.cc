@@ -141,7 +141,9 @@ void Comm::open_transports(PeerInfo* me) {
   ctx.secret = secret();
   ctx.channels = channels_;
   ctx.comm_label = describe();
+  const std::string& forced = params::kTransport.get();
   for (const TransportDesc* desc : transports()) {
+    if (desc->caps.opt_in && strcasecmp(forced.c_str(), desc->name) != 0) continue;
     auto opened = desc->open(ctx);
     if (!opened.ok()) {
       CHORUS_WARN(kInit, "{}: transport {} is not available: {}", describe(), desc->name,

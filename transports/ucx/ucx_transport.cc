@@ -372,6 +372,7 @@ void register_transport() {
                 "(CHORUS_TRANSPORT=UCX) or measured faster";
     d.caps.reach = TransportCaps::Reach::kAnyHost;
     d.caps.reduce_on_receive = true;
+    d.caps.opt_in = true;  // a UCP context (threads, fds) in every process: only when forced
     // Declared above TCP's (25 us, 1 GB/s) so that it is never picked by default.
     d.cost = LinkCost{30, 0.9};
     d.open = open_default;
