@@ -14,7 +14,13 @@ set(CHORUS_HAVE_VERBS OFF)
 if(IBVERBS_FOUND AND RDMACM_FOUND)
   set(CHORUS_HAVE_VERBS ON)
 endif()
-set(CHORUS_HAVE_UCX ${UCX_FOUND})
+# UCX's memory hooks (libucm patches mmap/malloc when it loads) crash ThreadSanitizer's
+# interceptors: the TSan stage builds without it (scripts/sanitizers.sh).
+option(CHORUS_ENABLE_UCX "Build the UCX transport when libucx is found" ON)
+set(CHORUS_HAVE_UCX OFF)
+if(UCX_FOUND AND CHORUS_ENABLE_UCX)
+  set(CHORUS_HAVE_UCX ON)
+endif()
 message(STATUS "chorus: verbs=${CHORUS_HAVE_VERBS} ucx=${CHORUS_HAVE_UCX}")
 
 if(CHORUS_BUILD_TESTS)

@@ -84,7 +84,10 @@ stage_asan() {
 }
 
 stage_tsan() {
-  configure_build build-tsan -DCHORUS_WERROR=ON -DCHORUS_BUILD_TESTS=ON -DCHORUS_SANITIZE=thread
+  # Without UCX: libucm's mmap/malloc hooks, installed when libucx loads, crash TSan's
+  # interceptors in every test process.
+  configure_build build-tsan -DCHORUS_WERROR=ON -DCHORUS_BUILD_TESTS=ON -DCHORUS_SANITIZE=thread \
+    -DCHORUS_ENABLE_UCX=OFF
   cmake --build build-tsan -j"$jobs" --target "${core_tests[@]}"
   # TSan maps its shadow at fixed addresses; with the kernel's address randomisation some
   # mappings land there ("unexpected memory mapping"). setarch -R turns it off for the tests.
