@@ -10,25 +10,10 @@
 #include "common/params.h"
 #include "support/coll_check.h"
 #include "support/rank_group.h"
+#include "support/scoped_env.h"
 
 namespace chorus::test {
 namespace {
-
-// Sets an environment variable for the scope of one test (parameters are re-read).
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const std::string& value) : name_(name) {
-    setenv(name, value.c_str(), 1);
-    params::reload_for_testing();
-  }
-  ~ScopedEnv() {
-    unsetenv(name_);
-    params::reload_for_testing();
-  }
-
- private:
-  const char* name_;
-};
 
 void run_algorithm(Coll coll, const char* spec, std::initializer_list<int> rank_counts,
                    std::initializer_list<size_t> counts = {0, 1, 7, 1023, 65537}) {

@@ -17,6 +17,7 @@
 #include "common/params.h"
 #include "support/coll_check.h"
 #include "support/rank_group.h"
+#include "support/scoped_env.h"
 
 namespace chorus::test {
 namespace {
@@ -356,18 +357,8 @@ TEST_CASE("ncclGroupSimulateEnd estimates without running", "[ranks][api]") {
 // name the build does not have is a clear usage error listing those it has.
 TEST_CASE("CHORUS_TRANSPORT forces a registered transport or names the ones there are",
           "[ranks][api][transport]") {
-  struct Env {
-    explicit Env(const char* value) {
-      setenv("CHORUS_TRANSPORT", value, 1);
-      chorus::params::reload_for_testing();
-    }
-    ~Env() {
-      unsetenv("CHORUS_TRANSPORT");
-      chorus::params::reload_for_testing();
-    }
-  };
   for (const char* name : {"direct", "SHM", "Tcp"}) {
-    Env env(name);
+    chorus::test::ScopedEnv env("CHORUS_TRANSPORT", name);
     chorus::test::RankGroup group(3);
     INFO(name << ": " << group.init_error());
     REQUIRE(group.init_error().empty());
@@ -382,7 +373,7 @@ TEST_CASE("CHORUS_TRANSPORT forces a registered transport or names the ones ther
     });
     CHECK(failures.empty());
   }
-  Env env("carrier-pigeon");
+  chorus::test::ScopedEnv env("CHORUS_TRANSPORT", "carrier-pigeon");
   chorus::test::RankGroup group(2);
   CHECK_THAT(group.init_error(), Catch::Contains("CHORUS_TRANSPORT=carrier-pigeon names no "
                                                  "transport") &&

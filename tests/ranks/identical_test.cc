@@ -14,25 +14,10 @@
 #include "common/params.h"
 #include "support/identical_check.h"
 #include "support/rank_group.h"
+#include "support/scoped_env.h"
 
 namespace chorus::test {
 namespace {
-
-// Sets an environment variable for the scope of one test (parameters are re-read).
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const std::string& value) : name_(name) {
-    setenv(name, value.c_str(), 1);
-    params::reload_for_testing();
-  }
-  ~ScopedEnv() {
-    unsetenv(name_);
-    params::reload_for_testing();
-  }
-
- private:
-  const char* name_;
-};
 
 void run_identical(const std::string& spec) {
   ScopedEnv algo("CHORUS_ALGO", spec);
