@@ -37,10 +37,19 @@ constexpr uint32_t kRejected = 1;
 // bootstrap root thread authenticated another would otherwise hang in its first HMAC.
 ForkSafeMutex g_openssl_mutex;
 
+// OpenSSL frees its global state from an atexit handler by default. The bootstrap root is a
+// background thread that may still be authenticating a rank while the process exits, and would
+// then take a lock OpenSSL has just destroyed (TSan caught it): keep the state for the process.
+void init_openssl() {
+  static const bool done = OPENSSL_init_crypto(OPENSSL_INIT_NO_ATEXIT, nullptr) == 1;
+  (void)done;
+}
+
 Secret hmac(const Secret& key, const void* data, size_t bytes) {
   Secret out;
   unsigned int len = 0;
   std::lock_guard<ForkSafeMutex> lock(g_openssl_mutex);
+  init_openssl();
   HMAC(EVP_sha256(), key.bytes.data(), static_cast<int>(key.bytes.size()),
        static_cast<const unsigned char*>(data), bytes, out.bytes.data(), &len);
   return out;
@@ -50,6 +59,7 @@ void fill_random(uint8_t* out, size_t bytes) {
   if (random_bytes(out, bytes)) return;
   {
     std::lock_guard<ForkSafeMutex> lock(g_openssl_mutex);
+    init_openssl();
     if (RAND_bytes(out, static_cast<int>(bytes)) == 1) return;
   }
   // A predictable secret or nonce would silently defeat authentication: refuse to go on.
