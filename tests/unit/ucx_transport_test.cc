@@ -14,13 +14,17 @@
 #include <algorithm>
 #include <atomic>
 #include <barrier>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <initializer_list>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "common/clock.h"
 #include "common/dtype.h"
+#include "common/params.h"
 #include "kernels/reduce/reduce.h"
 #include "net/auth.h"
 #include "transports/registry.h"
@@ -65,8 +69,7 @@ struct Group {
     conns[rank].clear();
     inst[rank].reset();
   }
-  // All ranks go together, as ranks that destroy a communicator do: closing an endpoint
-  // flushes it, which needs the peer to progress too.
+  // All ranks go together, as ranks that destroy a communicator do.
   ~Group() {
     std::vector<std::thread> threads;
     for (size_t r = 0; r < inst.size(); ++r)
@@ -546,7 +549,7 @@ TEST_CASE("ucx: a peer that goes away mid-transfer fails the pending receive, na
   CHECK_THAT(c->error().message(), Catch::Contains("Broadcast #4"));
 }
 
-TEST_CASE("ucx: a rank that goes away fails waiting peers; the others carry on", "[unit][ucx]") {
+TEST_CASE("ucx: a rank that goes away fails waiting peers, and the others carry on", "[unit][ucx]") {
   GroupSpec spec;
   spec.n = 3;
   Group g = make_group(spec);
@@ -660,6 +663,99 @@ TEST_CASE("ucx: the transport registers as 'ucx' with a cost above tcp's", "[uni
   REQUIRE(tcp != nullptr);
   for (size_t bytes : {size_t{0}, size_t{1} << 10, size_t{1} << 20, size_t{1} << 30})
     CHECK(ucx->cost.time_us(bytes) > tcp->cost.time_us(bytes));
+}
+
+// Sets environment variables for one scope (and re-reads Chorus's parameters), then restores
+// them.
+class ScopedEnv {
+ public:
+  ScopedEnv(std::initializer_list<std::pair<const char*, const char*>> vars) {
+    for (const auto& [name, value] : vars) {
+      const char* old = std::getenv(name);
+      saved_.push_back({name, old != nullptr, old != nullptr ? old : ""});
+      if (value != nullptr) {
+        setenv(name, value, 1);
+      } else {
+        unsetenv(name);
+      }
+    }
+    params::reload_for_testing();
+  }
+  ~ScopedEnv() {
+    for (const Saved& s : saved_) {
+      if (s.was_set) {
+        setenv(s.name.c_str(), s.value.c_str(), 1);
+      } else {
+        unsetenv(s.name.c_str());
+      }
+    }
+    params::reload_for_testing();
+  }
+
+ private:
+  struct Saved {
+    std::string name;
+    bool was_set;
+    std::string value;
+  };
+  std::vector<Saved> saved_;
+};
+
+TEST_CASE("ucx: the probe opens UCX only when forced or measured", "[unit][ucx]") {
+  const TransportDesc* desc = find_transport("ucx");
+  REQUIRE(desc != nullptr);
+  TransportContext ctx;
+  ctx.rank = 0;
+  ctx.nranks = 2;
+  char tuner[] = "/tmp/chorus_ucx_tuner_XXXXXX";
+  int fd = mkstemp(tuner);
+  REQUIRE(fd >= 0);
+  close(fd);
+  auto write_tuner = [&](const char* text) {
+    FILE* f = std::fopen(tuner, "w");
+    REQUIRE(f != nullptr);
+    std::fputs(text, f);
+    std::fclose(f);
+  };
+  // Whatever this process's default UCP context becomes, it stays on loopback.
+  ScopedEnv ucx_env({{"UCX_TLS", "tcp,self"}, {"UCX_NET_DEVICES", "lo"}});
+  {
+    ScopedEnv env({{"CHORUS_TRANSPORT", "TCP"}, {"CHORUS_TUNER_FILE", nullptr}});
+    auto inst = desc->open(ctx);
+    REQUIRE(inst.ok());
+    CHECK(inst.value() == nullptr);
+  }
+  {
+    ScopedEnv env({{"CHORUS_TRANSPORT", nullptr}, {"CHORUS_TUNER_FILE", nullptr}});
+    auto inst = desc->open(ctx);
+    REQUIRE(inst.ok());
+    CHECK(inst.value() == nullptr);
+  }
+  write_tuner("# measured\ntcp 25 1\n  # ucx 1 100\n");
+  {
+    ScopedEnv env({{"CHORUS_TRANSPORT", "auto"}, {"CHORUS_TUNER_FILE", tuner}});
+    auto inst = desc->open(ctx);
+    REQUIRE(inst.ok());
+    CHECK(inst.value() == nullptr);
+  }
+  write_tuner("tcp 25 1\nUCX 3.5 12\n");
+  {
+    ScopedEnv env({{"CHORUS_TRANSPORT", nullptr}, {"CHORUS_TUNER_FILE", tuner}});
+    auto inst = desc->open(ctx);
+    INFO(inst.status().to_string());
+    REQUIRE(inst.ok());
+    CHECK(inst.value() != nullptr);
+  }
+  {
+    ScopedEnv env({{"CHORUS_TRANSPORT", "Ucx"}, {"CHORUS_TUNER_FILE", nullptr}});
+    auto inst = desc->open(ctx);
+    INFO(inst.status().to_string());
+    REQUIRE(inst.ok());
+    REQUIRE(inst.value() != nullptr);
+    CHECK_FALSE(inst.value()->blob().empty());
+    CHECK(inst.value()->blob().size() <= kMaxTransportBlob);
+  }
+  unlink(tuner);
 }
 
 TEST_CASE("ucx: options are checked", "[unit][ucx]") {

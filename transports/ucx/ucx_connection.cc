@@ -46,6 +46,9 @@ UcxConnection::UcxConnection(const ConnectionSetup& setup)
 }
 
 UcxConnection::~UcxConnection() {
+  // A peer still waiting for us learns at once that we are gone (else only when our worker is
+  // destroyed, which waits for all its peers' acknowledgements).
+  if (!broken_ && !farewell_sent_) send_farewell(Code::kOk, "");
   cancel_recvs();
   release_sends();
   reap();
@@ -170,6 +173,12 @@ bool UcxConnection::progress() {
   // before them.
   if (!broken_ && check_farewell()) {
     auto code = fw_code_;
+    if (code == Code::kOk) {
+      fail_all(remote_error("{} closed its end of ucx channel {} (its communicator went away) {}",
+                            peer_->label, channel(), situation()),
+               false);
+      return true;
+    }
     if (code != Code::kInvalidUsage && code != Code::kInvalidArgument) code = Code::kRemoteError;
     fail_all(Status(code, fmt::format("{} gave up {}: {}", peer_->label, situation(), fw_text_)),
              false);
@@ -382,12 +391,17 @@ void UcxConnection::finish_recv(RecvRequest* req) {
 // ---- Farewell and errors --------------------------------------------------------------------
 
 void UcxConnection::farewell(const Status& why) {
-  if (broken_ || farewell_sent_ || why.ok() || peer_->ep == nullptr || peer_->failed()) return;
+  if (broken_ || why.ok()) return;
+  send_farewell(why.code(), why.message());
+}
+
+void UcxConnection::send_farewell(Code code, const std::string& reason) {
+  if (farewell_sent_ || peer_->ep == nullptr || peer_->failed()) return;
   farewell_sent_ = true;
-  std::string text = why.message().substr(0, kMaxFarewellBytes);
+  std::string text = reason.substr(0, kMaxFarewellBytes);
   WireHeader h{};
   h.magic = kFarewellMagic;
-  h.code = static_cast<uint32_t>(why.code());
+  h.code = static_cast<uint32_t>(code);
   h.bytes = text.size();
   std::vector<uint8_t> msg(kHeaderBytes + text.size());
   std::memcpy(msg.data(), &h, kHeaderBytes);

@@ -77,6 +77,8 @@ class UcxConnection final : public Connection {
   // Posts and completes payload chunks of the front receive; true once all arrived.
   bool progress_payload(RecvRequest* req, bool* moved);
   void finish_recv(RecvRequest* req);
+  // Sends a farewell once: `code` and `reason` (kOk: a goodbye, this end closes normally).
+  void send_farewell(Code code, const std::string& reason);
   // True when the peer's farewell has arrived (fw_code_ and fw_text_ hold it).
   bool check_farewell();
   // Records why the connection broke (logged once), tells the peer if `tell_peer`, makes UCX

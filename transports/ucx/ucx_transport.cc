@@ -4,13 +4,18 @@
 // the published blob), connect() with its authenticated hellos, and the registration.
 #include "transports/ucx/ucx_transport.h"
 
+#include <strings.h>
+
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <sstream>
 
 #include "common/bytes.h"
 #include "common/clock.h"
 #include "common/log.h"
+#include "common/params.h"
 #include "transports/ucx/ucx_connection.h"
 #include "transports/ucx/ucx_worker.h"
 
@@ -269,7 +274,34 @@ Result<ConnectionTable> UcxInstance::connect(const std::vector<EndpointInfo>& al
   return out;
 }
 
+// Whether a line of the tuner file at `path` gives figures for ucx ("ucx <alpha> <beta>").
+bool tuner_file_lists_ucx(const std::string& path) {
+  std::ifstream in(path);
+  std::string line;
+  while (std::getline(in, line)) {
+    line = line.substr(0, line.find('#'));
+    std::istringstream words(line);
+    std::string first;
+    if (words >> first && strcasecmp(first.c_str(), "ucx") == 0) return true;
+  }
+  return false;
+}
+
+// UCX is initialised only where it can be chosen: forced (CHORUS_TRANSPORT=UCX, as
+// `chorus-info --tune` does to measure a transport), or measured by the tuner file. Elsewhere
+// the probe does not touch it: ucp_init() in a child forked while another thread of the parent
+// was inside mmap() can hang on UCX's memory-hook lock (UCM), and a worker costs ~25 ms and
+// ~10 descriptors per communicator.
+bool wanted() {
+  const std::string& forced = params::kTransport.get();
+  if (!forced.empty() && strcasecmp(forced.c_str(), "AUTO") != 0)
+    return strcasecmp(forced.c_str(), "ucx") == 0;
+  const std::string& tuner = params::kTunerFile.get();
+  return !tuner.empty() && tuner_file_lists_ucx(tuner);
+}
+
 Result<std::unique_ptr<TransportInstance>> open_default(const TransportContext& ctx) {
+  if (!wanted()) return std::unique_ptr<TransportInstance>();
   return open_instance(ctx, UcxOptions{});
 }
 
@@ -368,8 +400,8 @@ void register_transport() {
   static const TransportDesc desc = [] {
     TransportDesc d;
     d.name = "ucx";
-    d.summary = "any two hosts through UCX (UCP tagged messages); chosen when forced "
-                "(CHORUS_TRANSPORT=UCX) or measured faster";
+    d.summary = "any two hosts through UCX (UCP tagged messages); opened only when forced "
+                "(CHORUS_TRANSPORT=UCX) or measured in the tuner file";
     d.caps.reach = TransportCaps::Reach::kAnyHost;
     d.caps.reduce_on_receive = true;
     d.caps.opt_in = true;  // a UCP context (threads, fds) in every process: only when forced

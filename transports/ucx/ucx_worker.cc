@@ -4,13 +4,18 @@
 #include "transports/ucx/ucx_worker.h"
 
 #include <poll.h>
+#include <pthread.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <condition_variable>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <thread>
 
 #include "common/log.h"
 #include "transports/registry.h"
@@ -19,7 +24,6 @@ namespace chorus::ucx {
 
 namespace {
 
-constexpr int kCloseFlushMs = 1000;
 constexpr size_t kMaxSmallBytes = 8192;  // discard_unexpected(): a header message at most
 
 // The value of UCX setting `name` (without "UCX_") in `config`, read from its printout.
@@ -56,6 +60,19 @@ void on_ep_error(void* arg, ucp_ep_h ep, ucs_status_t status) {
 
 std::mutex g_contexts_mutex;
 
+// The process that loaded the library (and with it UCX): a different getpid() later means a
+// child forked from it.
+const pid_t g_loaded_pid = getpid();
+
+// UCX's memory hooks (UCM) are live from the moment UCX is loaded, and every hooked mmap/brk
+// holds UCM's event lock for reading. A child forked while another thread of its parent was in
+// one inherits the lock held by nobody, and the first ucp_init() that takes it exclusively (to
+// set up the registration cache) hangs for ever (seen with Chorus's forked ranks: the parent's
+// bootstrap thread allocates while it forks). A forked child therefore runs without UCP's
+// registration cache unless UCX_RCACHE_ENABLE says otherwise. (UCX_MEM_EVENTS=no in the
+// parent's environment avoids the hooks altogether.)
+bool in_forked_child() { return getpid() != g_loaded_pid; }
+
 }  // namespace
 
 // ---- Context --------------------------------------------------------------------------------
@@ -85,6 +102,12 @@ Result<std::shared_ptr<Context>> Context::get(const ConfigOverrides& overrides) 
       ucp_config_release(config);
       return invalid_argument("ucx: cannot set UCX_{}={}: {}", name, value, ucs_status_string(st));
     }
+  }
+  bool rcache_given = std::getenv("UCX_RCACHE_ENABLE") != nullptr;
+  for (const auto& [name, value] : overrides) rcache_given |= name == "RCACHE_ENABLE";
+  if (in_forked_child() && !rcache_given) {
+    st = ucp_config_modify(config, "RCACHE_ENABLE", "n");
+    if (st == UCS_OK) CHORUS_INFO(kNet, "ucx: forked child: UCP registration cache disabled");
   }
   std::string tls = config_value(config, "TLS");
 
@@ -126,7 +149,7 @@ std::string Peer::why() const {
 
 Result<std::shared_ptr<Worker>> Worker::create(std::shared_ptr<Context> context,
                                                std::string label) {
-  std::shared_ptr<Worker> w(new Worker(std::move(context), std::move(label)));
+  std::shared_ptr<Worker> w(new Worker(std::move(context), std::move(label)), &Worker::retire);
   ucp_worker_params_t params{};
   params.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
   params.thread_mode = UCS_THREAD_MODE_SERIALIZED;
@@ -177,9 +200,140 @@ Result<std::shared_ptr<Worker>> Worker::create(std::shared_ptr<Context> context,
   return w;
 }
 
-Worker::~Worker() {
+// ---- Closing --------------------------------------------------------------------------------
+//
+// A worker goes when its last user (instance or connection) does. Endpoints to failed peers are
+// dropped at once (FORCE); the others are closed with a flush, which UCX over TCP completes only
+// once the peer acknowledged everything we sent, i.e. once the peer's worker progresses. Ranks
+// that destroy a communicator together progress each other; but one thread that destroys the
+// ranks of a process one after the other (or a peer that destroys later) would wait. So the
+// closing worker is handed to a reaper thread that progresses every closing worker of the
+// process until its flushes complete or kRetireMs pass, then destroys it: destroying never
+// blocks on a peer, and closing workers of one process acknowledge each other.
+
+namespace {
+
+constexpr int kQuickCloseMs = 10;   // try to finish on the caller's thread first
+constexpr int kRetireMs = 5000;     // how long a closing worker waits for its peers
+constexpr int kExitGraceMs = 1000;  // at exit, what closing workers still get
+
+}  // namespace
+
+class Reaper {
+ public:
+  // The reaper of this process (none is inherited across fork()).
+  static Reaper& get() {
+    static std::mutex mutex;
+    static Reaper* reaper = nullptr;
+    std::lock_guard<std::mutex> lock(mutex);
+    if (reaper == nullptr || reaper->pid_ != getpid()) {
+      reaper = new Reaper();  // never deleted: a parent's is abandoned in a child
+      static bool registered = false;
+      if (!registered) {
+        registered = true;
+        std::atexit([] { get().stop(); });
+      }
+    }
+    return *reaper;
+  }
+
+  // Takes `w` (closing) and destroys it once closed or given up on.
+  void adopt(Worker* w) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (!stopping_) {
+        list_.push_back(Entry{w, now_ns() + int64_t{kRetireMs} * 1000000});
+        if (!thread_.joinable()) thread_ = std::thread([this] { run(); });
+        cv_.notify_one();
+        return;
+      }
+    }
+    // At exit: the caller waits, briefly.
+    progress_until(*w, [&] { return w->close_step(); }, kExitGraceMs);
+    delete w;
+  }
+
+  void stop() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (stopping_) return;
+      stopping_ = true;
+      stop_at_ns_ = now_ns() + int64_t{kExitGraceMs} * 1000000;
+    }
+    cv_.notify_all();
+    if (thread_.joinable()) thread_.join();
+  }
+
+ private:
+  struct Entry {
+    Worker* worker;
+    int64_t give_up_ns;
+  };
+
+  Reaper() : pid_(getpid()) {}
+
+  void run() {
+    pthread_setname_np(pthread_self(), "chorus-ucx-reap");
+    std::vector<Entry> active;
+    std::vector<pollfd> fds;
+    for (;;) {
+      {
+        std::unique_lock<std::mutex> lock(mutex_);
+        if (active.empty()) cv_.wait(lock, [&] { return !list_.empty() || stopping_; });
+        active.insert(active.end(), list_.begin(), list_.end());
+        list_.clear();
+        if (stopping_) {
+          for (Entry& e : active) e.give_up_ns = std::min(e.give_up_ns, stop_at_ns_);
+          if (active.empty()) return;
+        }
+      }
+      const int64_t now = now_ns();
+      std::erase_if(active, [&](const Entry& e) {
+        bool closed = e.worker->close_step();
+        if (!closed && now < e.give_up_ns) return false;
+        if (!closed) {
+          CHORUS_INFO(kNet, "ucx: {}: peers did not acknowledge the endpoints' flush within "
+                      "{} ms; destroying the worker anyway", e.worker->label(), kRetireMs);
+        }
+        delete e.worker;
+        return true;
+      });
+      if (active.empty()) continue;
+      fds.clear();
+      bool busy = false;
+      for (const Entry& e : active) {
+        short events = 0;
+        int fd = e.worker->poll_fd(&events);
+        if (fd < 0 || fd == always_ready_fd()) {
+          busy = true;
+        } else {
+          fds.push_back(pollfd{fd, events, 0});
+        }
+      }
+      if (!busy) ::poll(fds.data(), fds.size(), 20);
+    }
+  }
+
+  const pid_t pid_;
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  std::vector<Entry> list_;  // handed over, not yet picked up by the thread
+  std::thread thread_;
+  bool stopping_ = false;
+  int64_t stop_at_ns_ = 0;
+};
+
+void Worker::retire(Worker* w) {
+  w->begin_close();
+  if (progress_until(*w, [&] { return w->close_step(); }, kQuickCloseMs)) {
+    delete w;
+    return;
+  }
+  Reaper::get().adopt(w);
+}
+
+void Worker::begin_close() {
   if (worker_ == nullptr) return;
-  std::vector<void*> closing = std::move(closing_);
   auto close = [&](Peer& p, bool force) {
     if (p.ep == nullptr) return;
     ucp_request_param_t param{};
@@ -187,45 +341,47 @@ Worker::~Worker() {
     param.flags = force ? UCP_EP_CLOSE_FLAG_FORCE : 0;
     ucs_status_ptr_t req = ucp_ep_close_nbx(p.ep, &param);
     p.ep = nullptr;
-    if (UCS_PTR_IS_PTR(req)) closing.push_back(req);
+    if (UCS_PTR_IS_PTR(req)) closing_.push_back(req);
   };
-  // Endpoints to failed peers are dropped at once; what they sent and nobody received goes too.
   for (auto& p : peers_)
     if (p->failed()) close(*p, true);
-  discard_unexpected(200);
-  // The others are flushed: that completes once the peer acknowledged everything we sent
-  // (UCX over TCP asks for a remote acknowledgement), which needs the peer to progress; ranks
-  // that destroy a communicator together do. A peer that does not is given kCloseFlushMs.
+  discard_unexpected(false);
   for (auto& p : peers_) close(*p, false);
-  auto all_closed = [&] {
-    for (void* r : closing)
-      if (ucp_request_check_status(r) == UCS_INPROGRESS) return false;
-    return true;
-  };
-  if (!progress_until(*this, all_closed, kCloseFlushMs)) {
-    CHORUS_INFO(kNet,
-                "ucx: {}: endpoints not flushed after {} ms (peers not progressing); destroying "
-                "the worker anyway",
-                label_, kCloseFlushMs);
-  }
-  for (void* r : closing) ucp_request_free(r);
-  ucp_worker_destroy(worker_);
-  worker_ = nullptr;
 }
 
-// Messages nobody will receive: small ones (headers, farewells, hellos) and anything from a
-// failed peer. UCX would otherwise warn about each one when the worker goes. Payloads from live
-// peers stay (receiving them would pull the data).
-void Worker::discard_unexpected(int budget_ms) {
-  const int64_t end = now_ns() + int64_t{budget_ms} * 1000000;
-  std::vector<uint8_t> scratch;
-  std::vector<std::vector<uint8_t>> outgrown;  // receives in flight may still use them
-  std::vector<void*> reqs;
+bool Worker::close_step() {
+  if (worker_ == nullptr) return true;
   progress();
-  for (int n = 0; n < (1 << 16) && now_ns() < end; ++n) {
+  for (void* r : closing_)
+    if (ucp_request_check_status(r) == UCS_INPROGRESS) return false;
+  for (void* r : discards_)
+    if (ucp_request_check_status(r) == UCS_INPROGRESS) return false;
+  return true;
+}
+
+Worker::~Worker() {
+  if (worker_ == nullptr) return;
+  discard_unexpected(true);  // what came since begin_close(): peers' goodbyes, mostly
+  // Incomplete ones are released by UCX when the worker destroys their endpoints.
+  for (void* r : closing_) ucp_request_free(r);
+  for (void* r : discards_) ucp_request_free(r);
+  ucp_worker_destroy(worker_);
+  worker_ = nullptr;
+  graveyard_.clear();  // nothing can write into these any more
+}
+
+// Messages nobody will receive. UCX would otherwise warn about each one when the worker goes.
+// While closing: small ones (headers, farewells, hellos) and anything from a failed peer;
+// payloads from live peers stay, since receiving them pulls their data (rendezvous). Last, just
+// before the worker is destroyed (`everything`): all of them, the large ones into one scratch
+// buffer (their data may never come; nobody reads it).
+void Worker::discard_unexpected(bool everything) {
+  progress();
+  size_t scratch_bytes = 0;
+  uint8_t* scratch = nullptr;
+  for (int n = 0; n < (1 << 16); ++n) {
     ucp_tag_recv_info_t info{};
     ucp_tag_message_h msg = nullptr;
-    // Probe by source rank: everything from a failed peer, else the small messages.
     for (const auto& p : peers_) {
       if (!p->failed()) continue;
       msg = ucp_tag_probe_nb(worker_, static_cast<ucp_tag_t>(p->rank), 0xfffffffu, 1, &info);
@@ -233,31 +389,30 @@ void Worker::discard_unexpected(int budget_ms) {
     }
     if (msg == nullptr) {
       msg = ucp_tag_probe_nb(worker_, 0, 0, 0, &info);
-      if (msg == nullptr || info.length > kMaxSmallBytes) break;
+      if (msg == nullptr || (!everything && info.length > kMaxSmallBytes)) break;
       msg = ucp_tag_probe_nb(worker_, info.sender_tag, ~ucp_tag_t{0}, 1, &info);
       if (msg == nullptr) break;
     }
-    if (scratch.size() < info.length) {
-      if (!scratch.empty()) outgrown.push_back(std::move(scratch));
-      scratch = std::vector<uint8_t>(info.length);
+    uint8_t* into = nullptr;
+    if (info.length <= kMaxSmallBytes) {
+      // Its own buffer: small messages are eager and complete at once.
+      std::vector<uint8_t> buf(std::max<size_t>(info.length, 1));
+      into = buf.data();
+      bury(std::move(buf));
+    } else {
+      if (scratch_bytes < info.length) {
+        std::vector<uint8_t> buf(info.length);
+        scratch = buf.data();
+        scratch_bytes = buf.size();
+        bury(std::move(buf));
+      }
+      into = scratch;
     }
     ucp_request_param_t param{};
     param.op_attr_mask = UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
-    ucs_status_ptr_t r = ucp_tag_msg_recv_nbx(worker_, scratch.data(), info.length, msg, &param);
-    if (UCS_PTR_IS_PTR(r)) reqs.push_back(r);
+    ucs_status_ptr_t r = ucp_tag_msg_recv_nbx(worker_, into, info.length, msg, &param);
+    if (UCS_PTR_IS_PTR(r)) discards_.push_back(r);
   }
-  auto all_done = [&] {
-    for (void* r : reqs)
-      if (ucp_request_check_status(r) == UCS_INPROGRESS) return false;
-    return true;
-  };
-  int64_t left_ms = (end - now_ns()) / 1000000;
-  progress_until(*this, all_done, static_cast<int>(left_ms > 0 ? left_ms : 0));
-  bool all = all_done();
-  for (void* r : reqs) ucp_request_free(r);
-  if (all) return;
-  bury(std::move(scratch));  // UCX may still write into them
-  for (auto& b : outgrown) bury(std::move(b));
 }
 
 Result<std::shared_ptr<Peer>> Worker::add_peer(int rank, std::string label,

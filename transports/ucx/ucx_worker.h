@@ -19,6 +19,7 @@
 namespace chorus::ucx {
 
 using ConfigOverrides = std::vector<std::pair<std::string, std::string>>;
+class Reaper;
 
 // A UCP context with features TAG and WAKEUP, shared by every worker of this process that uses
 // the same settings (it is created thread-safe: mt_workers_shared). The environment's UCX_*
@@ -27,7 +28,8 @@ class Context {
  public:
   // The context for `overrides`, created on first use. The default one (no overrides) is kept
   // for the life of the process, like any UCX application's; others go with their last user.
-  // A child process after fork() never reuses its parent's.
+  // A child process after fork() never reuses its parent's, and creates its own without UCP's
+  // registration cache (unless UCX_RCACHE_ENABLE is set): see ucx_worker.cc.
   static Result<std::shared_ptr<Context>> get(const ConfigOverrides& overrides);
   ~Context();
   Context(const Context&) = delete;
@@ -61,10 +63,10 @@ struct Peer {
 // communicator's drive mutex) and its endpoints. Not thread-safe.
 class Worker {
  public:
-  // `label` names the owner in messages ("comm 0x12 rank 1/4").
+  // `label` names the owner in messages ("comm 0x12 rank 1/4"). When the last shared_ptr
+  // goes, the worker is retired (see retire()): that never blocks on a peer.
   static Result<std::shared_ptr<Worker>> create(std::shared_ptr<Context> context,
                                                 std::string label);
-  ~Worker();
   Worker(const Worker&) = delete;
   Worker& operator=(const Worker&) = delete;
 
@@ -96,8 +98,18 @@ class Worker {
  private:
   Worker(std::shared_ptr<Context> context, std::string label)
       : context_(std::move(context)), label_(std::move(label)) {}
-  // Receives and drops unexpected messages that nobody will ask for, for `budget_ms` at most.
-  void discard_unexpected(int budget_ms);
+  ~Worker();
+  friend class Reaper;
+  // The deleter of create()'s shared_ptr: closes the endpoints (FORCE to failed peers, flush to
+  // the others) and destroys the worker once they are closed, on this thread if that is quick,
+  // else on the process's reaper thread, which progresses closing workers for at most 5 s.
+  static void retire(Worker* w);
+  void begin_close();
+  // Progresses; true once every endpoint close (and discard) completed.
+  bool close_step();
+  // Receives and drops unexpected messages that nobody will ask for (`everything`: also
+  // payloads from live peers, just before the worker is destroyed).
+  void discard_unexpected(bool everything);
 
   std::shared_ptr<Context> context_;
   std::string label_;
@@ -105,7 +117,8 @@ class Worker {
   int efd_ = -1;
   std::string address_;
   std::vector<std::shared_ptr<Peer>> peers_;
-  std::vector<void*> closing_;  // close requests of force-closed endpoints
+  std::vector<void*> closing_;   // endpoint close requests
+  std::vector<void*> discards_;  // receives of unexpected messages being dropped
   std::vector<std::vector<uint8_t>> graveyard_;
 };
 
