@@ -399,6 +399,17 @@ TEST_CASE("SIGKILL during AllReduce over UCX: survivors fail fast, shrink, go on
   kill_during_allreduce("UCX", {"UCX_TLS=tcp,self", "UCX_NET_DEVICES=lo"});
 }
 
+// Over UCX's shared-memory transports UCX 1.13 cannot detect a dead peer: the communicator's
+// liveness watch (same host) must.
+TEST_CASE("SIGKILL during AllReduce over UCX shared memory: survivors fail fast, shrink, go on",
+          "[mp][fault][ucx]") {
+  if (chorus::find_transport("ucx") == nullptr) {
+    WARN("this build has no UCX transport");
+    return;
+  }
+  kill_during_allreduce("UCX", {"UCX_TLS=sm,self"});
+}
+
 TEST_CASE("a frozen peer (SIGSTOP) fails the others at the timeout, naming it", "[mp][fault]") {
   const int nranks = 3, victim = 1;
   const int timeout_ms = 1500;

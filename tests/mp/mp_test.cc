@@ -100,6 +100,9 @@ bool have_ucx() {
   return false;
 }
 const std::vector<std::string> kUcxTcp = {"UCX_TLS=tcp,self", "UCX_NET_DEVICES=lo"};
+// UCX 1.13 picks among posix, sysv and cma; its endpoints then go without peer-failure
+// handling, and a dead peer is caught by the communicator's liveness watch.
+const std::vector<std::string> kUcxShm = {"UCX_TLS=sm,self"};
 }  // namespace
 TEST_CASE("multi-process matrix over UCX (tcp) with 2 ranks", "[mp][ucx]") {
   if (have_ucx()) run_workers(2, "UCX", "matrix", kUcxTcp);
@@ -112,4 +115,14 @@ TEST_CASE("multi-process matrix on host streams over UCX (tcp) with 3 ranks", "[
 }
 TEST_CASE("AllReduce is bit-identical on every rank over UCX (tcp) with 3 ranks", "[mp][ucx]") {
   if (have_ucx()) run_workers(3, "UCX", "identical", kUcxTcp);
+}
+TEST_CASE("multi-process matrix over UCX (shared memory) with 2 ranks", "[mp][ucx]") {
+  if (have_ucx()) run_workers(2, "UCX", "matrix", kUcxShm);
+}
+TEST_CASE("multi-process matrix over UCX (shared memory) with 4 ranks", "[mp][ucx]") {
+  if (have_ucx()) run_workers(4, "UCX", "matrix", kUcxShm);
+}
+TEST_CASE("AllReduce is bit-identical on every rank over UCX (shared memory) with 4 ranks",
+          "[mp][ucx]") {
+  if (have_ucx()) run_workers(4, "UCX", "identical", kUcxShm);
 }

@@ -109,7 +109,8 @@ Result<std::vector<std::shared_ptr<Peer>>> UcxInstance::create_endpoints(
     if (!info.open || info.blob.empty())
       return remote_error("ucx: {} published no UCX worker address", info.describe());
     CHORUS_ASSIGN_OR_RETURN(std::shared_ptr<Peer> peer,
-                            worker_->add_peer(r, info.describe(), info.blob));
+                            worker_->add_peer(r, info.describe(), info.blob,
+                                                      info.same_host(all[ctx_.rank])));
     eps.push_back(std::move(peer));
   }
   return eps;

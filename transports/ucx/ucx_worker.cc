@@ -344,7 +344,7 @@ void Worker::begin_close() {
     if (UCS_PTR_IS_PTR(req)) closing_.push_back(req);
   };
   for (auto& p : peers_)
-    if (p->failed()) close(*p, true);
+    if (p->failed() && p->watched) close(*p, true);
   discard_unexpected(false);
   for (auto& p : peers_) close(*p, false);
 }
@@ -416,7 +416,7 @@ void Worker::discard_unexpected(bool everything) {
 }
 
 Result<std::shared_ptr<Peer>> Worker::add_peer(int rank, std::string label,
-                                               std::string_view address) {
+                                               std::string_view address, bool same_host) {
   auto peer = std::make_shared<Peer>();
   peer->rank = rank;
   peer->label = std::move(label);
@@ -431,12 +431,23 @@ Result<std::shared_ptr<Peer>> Worker::add_peer(int rank, std::string label,
   params.err_handler.cb = on_ep_error;
   params.err_handler.arg = peer.get();
   ucs_status_t st = ucp_ep_create(worker_, &params, &peer->ep);
+  if (st == UCS_ERR_UNREACHABLE && same_host) {
+    params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
+    params.err_mode = UCP_ERR_HANDLING_MODE_NONE;
+    st = ucp_ep_create(worker_, &params, &peer->ep);
+    if (st == UCS_OK) {
+      peer->watched = false;
+      CHORUS_INFO(kNet, "ucx: {} -> {}: no transport with peer-failure handling in UCX_TLS={}; "
+                  "the endpoint goes without it (the peer is on this host and watched there)",
+                  label_, peer->label, context_->tls());
+    }
+  }
   if (st != UCS_OK) {
     peer->ep = nullptr;
-    return remote_error(
-        "ucx: {} cannot create an endpoint to {}: {} (UCX_TLS={}; endpoints need peer failure "
-        "detection, which UCX 1.13's shared-memory transports lack: include tcp)",
-        label_, peer->label, ucs_status_string(st), context_->tls());
+    return remote_error("ucx: {} cannot create an endpoint to {}: {} (UCX_TLS={}{})", label_,
+                        peer->label, ucs_status_string(st), context_->tls(),
+                        same_host ? "" : "; a peer on another host needs a transport with "
+                                         "peer-failure handling, such as tcp or rc");
   }
   peers_.push_back(peer);
   return peer;
@@ -480,7 +491,8 @@ void Worker::force_close(Peer* peer, std::string reason) {
   if (peer->ep == nullptr) return;
   ucp_request_param_t param{};
   param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-  param.flags = UCP_EP_CLOSE_FLAG_FORCE;
+  // UCX documents forcing an endpoint without error handling as undefined behaviour.
+  param.flags = peer->watched ? UCP_EP_CLOSE_FLAG_FORCE : 0;
   ucs_status_ptr_t req = ucp_ep_close_nbx(peer->ep, &param);
   peer->ep = nullptr;
   if (UCS_PTR_IS_PTR(req)) closing_.push_back(req);

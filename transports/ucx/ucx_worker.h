@@ -53,6 +53,9 @@ struct Peer {
   ucp_ep_h ep = nullptr;          // null once closed
   ucs_status_t failure = UCS_OK;  // reported by UCX (UCS_ERR_ENDPOINT_TIMEOUT, ...)
   std::string local_reason;       // why this side closed the endpoint early, if it did
+  // False for an endpoint without peer-failure handling (UCP_ERR_HANDLING_MODE_NONE): UCX
+  // will not report this peer's death; the communicator's liveness watch does (same host).
+  bool watched = true;
 
   bool failed() const { return failure != UCS_OK || !local_reason.empty(); }
   // "went away (UCX: Endpoint timeout)" or "was cut off by rank 0: <reason>".
@@ -76,9 +79,13 @@ class Worker {
   // This worker's UCP address, what peers connect to.
   const std::string& address() const { return address_; }
 
-  // An endpoint (error mode PEER) to the worker at `address`. kRemoteError when UCX cannot
-  // reach it with the configured transports.
-  Result<std::shared_ptr<Peer>> add_peer(int rank, std::string label, std::string_view address);
+  // An endpoint to the worker at `address`, with peer-failure handling (error mode PEER). UCX
+  // 1.13's shared-memory transports cannot handle peer failure: when UCX can reach a peer on
+  // `same_host` only through them (UCX_TLS=sm,self, say), the endpoint is made without it
+  // (mode NONE; Peer::watched false), since a same-host peer's death is detected by the
+  // communicator's liveness watch instead. kRemoteError when UCX cannot reach it at all.
+  Result<std::shared_ptr<Peer>> add_peer(int rank, std::string label, std::string_view address,
+                                         bool same_host);
   const std::vector<std::shared_ptr<Peer>>& peers() const { return peers_; }
 
   // ucp_worker_progress() until it reports nothing (bounded); true if anything happened.
@@ -90,7 +97,8 @@ class Worker {
   // Progresses, then sleeps on the event fd until UCX has an event or `timeout_ms` passes.
   void wait(int timeout_ms);
   // Closes `peer`'s endpoint at once (UCP_EP_CLOSE_FLAG_FORCE): operations still in flight on
-  // it complete with an error, and its connections fail with `reason`.
+  // it complete with an error, and its connections fail with `reason`. An unwatched endpoint
+  // (which UCX does not let us force) is closed with a flush instead.
   void force_close(Peer* peer, std::string reason);
   // Keeps `buf` alive until the worker is destroyed: UCX may still write into it.
   void bury(std::vector<uint8_t> buf);
