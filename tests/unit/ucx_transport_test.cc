@@ -48,6 +48,7 @@ struct GroupSpec {
   UcxOptions options = options_for("tcp,self");
   std::vector<net::Secret> secrets;  // per rank; empty: one random secret for all
   int deadline_ms = 10000;
+  bool separate_hosts = false;  // each rank claims a host of its own
 };
 
 // Ranks 0..n-1 of this process, each with its UCX instance and connections to all others.
@@ -113,8 +114,8 @@ Group build_group(const GroupSpec& spec) {
       std::vector<EndpointInfo> all(n);
       for (int p = 0; p < n; ++p) {
         all[p].rank = p;
-        all[p].host_hash = 1;
-        all[p].hostname = "testhost";
+        all[p].host_hash = spec.separate_hosts ? 1 + p : 1;
+        all[p].hostname = spec.separate_hosts ? "testhost" + std::to_string(p) : "testhost";
         all[p].pid = getpid();
         all[p].open = !g.blobs[p].empty();
         all[p].blob = g.blobs[p];
@@ -633,12 +634,44 @@ TEST_CASE("ucx: a sleeping rank wakes on its worker's event fd", "[unit][ucx]") 
   }
 }
 
-TEST_CASE("ucx: UCX_TLS=sm,self cannot detect peer failure: connect fails clearly",
+TEST_CASE("ucx: UCX_TLS=sm,self between ranks of one host: endpoints without failure handling",
           "[unit][ucx]") {
-  // UCX 1.13's shared-memory transports have no peer failure handler, and every endpoint here
-  // asks for one (UCP_ERR_HANDLING_MODE_PEER): no endpoint, a clear error, no hang.
+  // UCX 1.13's shared-memory transports have no peer failure handler: for a same-host peer the
+  // endpoint is made without one (core's liveness watch covers such peers) and carries data.
   GroupSpec spec;
   spec.options = options_for("sm,self");
+  Group g = make_group(spec);
+  CHECK_THAT(describe_lanes(g.inst[0].get(), 1), Catch::Contains("/memory"));
+  CHECK_THAT(describe_lanes(g.inst[0].get(), 1), !Catch::Contains("tcp"));
+  for (size_t bytes : {size_t{0}, size_t{5}, (size_t{1} << 20) + 3}) {
+    INFO("bytes " << bytes);
+    MsgTag tag = tag_of(CollKind::kSendRecv, 1, bytes);
+    std::vector<uint8_t> a = pattern(bytes, 1), b = pattern(bytes, 2);
+    std::vector<uint8_t> at0(bytes, 0xee), at1(bytes, 0xee);
+    SendRequest s0, s1;
+    RecvRequest r0, r1;
+    init(&s0, a.data(), bytes, tag);
+    init(&s1, b.data(), bytes, tag);
+    init(&r0, at0.data(), bytes, tag);
+    init(&r1, at1.data(), bytes, tag);
+    bool ok1 = false;
+    std::thread t([&] { ok1 = drive(g.get(1, 0), {&s1}, {&r1}); });
+    bool ok0 = drive(g.get(0, 1), {&s0}, {&r0});
+    t.join();
+    REQUIRE(ok0);
+    REQUIRE(ok1);
+    CHECK(at0 == b);
+    CHECK(at1 == a);
+  }
+}
+
+TEST_CASE("ucx: UCX_TLS=sm,self cannot reach a peer on another host: connect fails clearly",
+          "[unit][ucx]") {
+  // Another host needs a transport with peer failure handling: no endpoint, a clear error, no
+  // hang.
+  GroupSpec spec;
+  spec.options = options_for("sm,self");
+  spec.separate_hosts = true;
   spec.deadline_ms = 5000;
   int64_t start = now_ns();
   Group g = build_group(spec);
@@ -650,6 +683,7 @@ TEST_CASE("ucx: UCX_TLS=sm,self cannot detect peer failure: connect fails clearl
       CHECK(g.status[r].code() == Code::kRemoteError);
       CHECK_THAT(g.status[r].message(), Catch::Contains("cannot create an endpoint"));
       CHECK_THAT(g.status[r].message(), Catch::Contains("UCX_TLS=sm,self"));
+      CHECK_THAT(g.status[r].message(), Catch::Contains("another host"));
     }
   }
 }

@@ -5,6 +5,7 @@
 
 #include "common/process.h"
 #include "kernels/reduce/reduce.h"
+#include "transports/protocol.h"
 
 namespace chorus::direct {
 
@@ -63,11 +64,8 @@ bool DirectConnection::consume_one() {
   if (in_->sends.empty()) return false;
   SendRequest* s = in_->sends.front();
   RecvRequest* r = recvs_.front();
-  if (s->tag != r->tag || s->bytes != r->bytes) {
+  if (Status why = check_incoming(*r, s->tag, s->bytes, peer(), my_rank_); !why.ok()) {
     // Both sides learn why: the sender through the closed inbox.
-    Status why = invalid_usage("rank {} sent {} ({} bytes) but rank {} expects {} ({} bytes)",
-                               peer(), describe_tag(s->tag), s->bytes, my_rank_,
-                               describe_tag(r->tag), r->bytes);
     close_locked(in_.get(), why);
     fail_all(why);
     ProcessContext::get().ring_local();

@@ -33,16 +33,16 @@ Result<std::unique_ptr<TransportInstance>> open(const TransportContext& ctx) {
 }  // namespace
 
 void register_transport() {
-  static const TransportDesc desc = [] {
-    TransportDesc d;
-    d.name = "direct";
-    d.summary = "ranks of one process: the receiver copies or reduces from the sender's buffer";
-    d.caps.reach = TransportCaps::Reach::kSameProcess;
-    d.caps.reduce_on_receive = true;
-    d.cost = LinkCost{0.2, 20};
-    d.open = open;
-    return d;
-  }();
+  static constexpr TransportDesc desc{
+      .name = "direct",
+      .summary = "ranks of one process: the receiver copies or reduces from the sender's buffer",
+      .caps = {
+          .reach = TransportCaps::Reach::kSameProcess,
+          .reduce_on_receive = true,
+      },
+      .cost = {0.2, 20},
+      .open = open,
+  };
   chorus::register_transport(&desc);
 }
 

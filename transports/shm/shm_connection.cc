@@ -40,14 +40,6 @@ uint64_t publish_bytes_for(uint64_t fifo_bytes) {
   return std::clamp<uint64_t>(quarter, kFifoAlign, kPublishBytesMax);
 }
 
-template <typename T>
-void fail_queue(RequestQueue<T>* queue) {
-  while (!queue->empty()) {
-    queue->front()->fail();
-    queue->pop();
-  }
-}
-
 }  // namespace
 
 ShmConnection::ShmConnection(ShmConnectionConfig config)
@@ -70,9 +62,9 @@ ShmConnection::ShmConnection(ShmConnectionConfig config)
 
 ShmConnection::~ShmConnection() {
   // Requests still pending can never complete: fail them rather than leave their owners waiting.
-  fail_queue(&sends_);
-  fail_queue(&by_reference_);
-  fail_queue(&recvs_);
+  sends_.fail_all();
+  by_reference_.fail_all();
+  recvs_.fail_all();
   close();
 }
 
@@ -497,12 +489,7 @@ Status ShmConnection::check_header(const MsgHeader& header, const RecvRequest& r
         "{} bytes inside its header (at most {})",
         peer(), peer_pid_, channel(), recv_index_, header.bytes, kInlineBytes);
   }
-  if (header.tag != req.tag || header.bytes != req.bytes) {
-    return invalid_usage("rank {} sent {} ({} bytes) but rank {} expects {} ({} bytes) from it",
-                         peer(), describe_tag(header.tag), header.bytes, self_rank_,
-                         describe_tag(req.tag), req.bytes);
-  }
-  return Status();
+  return check_incoming(req, header.tag, header.bytes, peer(), self_rank_);
 }
 
 uint64_t ShmConnection::send_space(uint64_t want) {
@@ -617,21 +604,20 @@ void ShmConnection::read_farewell(const MsgHeader& header, const RecvRequest& re
   const uint64_t have = recv_available(kFifoAlign + len);
   std::string text(reinterpret_cast<const char*>(recv_.data + off + kFifoAlign),
                    have >= kFifoAlign + len ? len : 0);
-  auto code = static_cast<Code>(header.address);
-  if (code != Code::kInvalidUsage && code != Code::kInvalidArgument) code = Code::kRemoteError;
-  fail_all(Status(code, fmt::format("rank {} (pid {}) gave up while rank {} was receiving {} "
-                                    "({} bytes) on shared-memory channel {}: {}", peer(),
-                                    peer_pid_, self_rank_, describe_tag(req.tag), req.bytes,
-                                    channel(), text)));
+  fail_all(Status(farewell_code(static_cast<uint32_t>(header.address)),
+                  fmt::format("rank {} (pid {}) gave up while rank {} was receiving {} ({} bytes) "
+                              "on shared-memory channel {}: {}",
+                              peer(), peer_pid_, self_rank_, describe_tag(req.tag), req.bytes,
+                              channel(), text)));
 }
 
 void ShmConnection::fail_all(Status status) {
   farewell(status);
   CHORUS_WARN(kShm, "{}", status.message());
   set_error(std::move(status.mark_logged()));
-  fail_queue(&sends_);
-  fail_queue(&by_reference_);
-  fail_queue(&recvs_);
+  sends_.fail_all();
+  by_reference_.fail_all();
+  recvs_.fail_all();
   // The streams may now hold half a message: close both directions so that the peer fails its
   // pending requests too instead of waiting for bytes that will not come.
   close();

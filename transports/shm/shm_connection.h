@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "common/process.h"
+#include "transports/protocol.h"
 #include "transports/transport.h"
 
 namespace chorus::shm {
@@ -94,36 +95,6 @@ struct FifoRef {
   FifoControl* control = nullptr;
   std::byte* data = nullptr;  // fifo_bytes of ring, kFifoAlign-aligned
   uint64_t fifo_bytes = 0;    // a multiple of kFifoAlign
-};
-
-// A FIFO of request pointers that grows by doubling and never shrinks: after warm-up, posting
-// does not allocate.
-template <typename T>
-class RequestQueue {
- public:
-  RequestQueue() : slots_(16) {}
-  bool empty() const { return count_ == 0; }
-  T* front() const { return slots_[first_]; }
-  void push(T* req) {
-    if (count_ == slots_.size()) grow();
-    slots_[(first_ + count_) & (slots_.size() - 1)] = req;
-    ++count_;
-  }
-  void pop() {
-    first_ = (first_ + 1) & (slots_.size() - 1);
-    --count_;
-  }
-
- private:
-  void grow() {
-    std::vector<T*> bigger(slots_.size() * 2);
-    for (size_t i = 0; i < count_; ++i) bigger[i] = slots_[(first_ + i) & (slots_.size() - 1)];
-    slots_.swap(bigger);
-    first_ = 0;
-  }
-  std::vector<T*> slots_;  // size is a power of two
-  size_t first_ = 0;
-  size_t count_ = 0;
 };
 
 struct ShmConnectionConfig {

@@ -91,16 +91,16 @@ Result<std::unique_ptr<TransportInstance>> open(const TransportContext& ctx) {
 }  // namespace
 
 void register_transport() {
-  static const TransportDesc desc = [] {
-    TransportDesc d;
-    d.name = "shm";
-    d.summary = "ranks of one host: shared-memory FIFOs (memfd), doorbells";
-    d.caps.reach = TransportCaps::Reach::kSameHost;
-    d.caps.reduce_on_receive = true;
-    d.cost = LinkCost{1, 8};
-    d.open = open;
-    return d;
-  }();
+  static constexpr TransportDesc desc{
+      .name = "shm",
+      .summary = "ranks of one host: shared-memory FIFOs (memfd), doorbells",
+      .caps = {
+          .reach = TransportCaps::Reach::kSameHost,
+          .reduce_on_receive = true,
+      },
+      .cost = {1, 8},
+      .open = open,
+  };
   chorus::register_transport(&desc);
 }
 

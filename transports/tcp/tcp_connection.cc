@@ -76,12 +76,8 @@ void TcpConnection::post_recv(RecvRequest* req) {
     return;
   }
   recvs_.push(req);
-  if (req->reduce != nullptr && (req->elem_size == 0 || req->bytes % req->elem_size != 0)) {
-    fail_all(
-        invalid_usage("reducing receive of {} bytes from rank {} is not a whole number of "
-                      "{}-byte elements",
-                      req->bytes, peer(), req->elem_size));
-  }
+  Status st = check_reducing_receive(*req, peer());
+  if (!st.ok()) fail_all(std::move(st));
 }
 
 int TcpConnection::poll_fd(short* events) const {
@@ -220,10 +216,9 @@ bool TcpConnection::read_header(RecvRequest* req, bool* moved) {
         peer(), peer_addr_, rx_header_.magic, channel(), my_rank_, describe_request(req)));
     return false;
   }
-  if (rx_header_.tag != req->tag || rx_header_.bytes != req->bytes) {
-    fail_all(invalid_usage("rank {} sent {} ({} bytes) but rank {} expects {} ({} bytes) from it",
-                           peer(), describe_tag(rx_header_.tag), rx_header_.bytes, my_rank_,
-                           describe_tag(req->tag), req->bytes));
+  if (Status st = check_incoming(*req, rx_header_.tag, rx_header_.bytes, peer(), my_rank_);
+      !st.ok()) {
+    fail_all(std::move(st));
     return false;
   }
   if (req->reduce != nullptr && !bounce_) bounce_ = std::make_unique<uint8_t[]>(bounce_bytes_);
@@ -280,12 +275,6 @@ bool TcpConnection::read_reduce(RecvRequest* req, bool* moved) {
 
 // ---- Errors ---------------------------------------------------------------------------------
 
-std::string TcpConnection::describe_request(const Request* req) const {
-  if (req == nullptr) return "nothing";
-  return fmt::format("{} ({} of {} bytes)", describe_tag(req->tag),
-                     req->bytes_done.load(std::memory_order_relaxed), req->bytes);
-}
-
 Status TcpConnection::io_error(int err, const Request* req, const char* doing) const {
   std::string how =
       err == 0 ? std::string("closed the connection")
@@ -330,9 +319,7 @@ void TcpConnection::read_farewell(const RecvRequest* req) {
     got += static_cast<size_t>(n);
   }
   text.resize(got);
-  auto code = static_cast<Code>(rx_header_.reserved);
-  if (code != Code::kInvalidUsage && code != Code::kInvalidArgument) code = Code::kRemoteError;
-  fail_all(Status(code, fmt::format("rank {} ({}) gave up while rank {} was receiving {} on tcp "
+  fail_all(Status(farewell_code(rx_header_.reserved), fmt::format("rank {} ({}) gave up while rank {} was receiving {} on tcp "
                                     "channel {}: {}", peer(), peer_addr_, my_rank_,
                                     describe_request(req), channel(), text)));
 }
@@ -343,8 +330,8 @@ void TcpConnection::fail_all(Status status) {
   status.mark_logged();
   broken_ = true;
   set_error(std::move(status));
-  while (!sends_.empty()) sends_.pop()->fail();
-  while (!recvs_.empty()) recvs_.pop()->fail();
+  sends_.fail_all();
+  recvs_.fail_all();
 }
 
 }  // namespace chorus::tcp

@@ -14,6 +14,7 @@
 
 #include "net/socket.h"
 #include "common/unique_fd.h"
+#include "transports/protocol.h"
 #include "transports/transport.h"
 
 namespace chorus::tcp {
@@ -30,40 +31,6 @@ inline constexpr uint32_t kWireMagic = 0x43484d54;  // "CHMT"
 // A farewell: `reserved` holds the Status code, `bytes` the length of the reason text that
 // follows (<= kMaxFarewellBytes); the sender closes after it.
 inline constexpr uint32_t kFarewellMagic = 0x43484657;  // "CHFW"
-
-// A FIFO of request pointers that grows by doubling and never shrinks: after warm-up posting
-// does not allocate.
-template <typename T>
-class RequestRing {
- public:
-  RequestRing() : slots_(16) {}
-  bool empty() const { return count_ == 0; }
-  size_t size() const { return count_; }
-  T* at(size_t i) const { return slots_[(first_ + i) & (slots_.size() - 1)]; }
-  T* front() const { return at(0); }
-  void push(T* req) {
-    if (count_ == slots_.size()) grow();
-    slots_[(first_ + count_) & (slots_.size() - 1)] = req;
-    ++count_;
-  }
-  T* pop() {
-    T* req = front();
-    first_ = (first_ + 1) & (slots_.size() - 1);
-    --count_;
-    return req;
-  }
-
- private:
-  void grow() {
-    std::vector<T*> bigger(slots_.size() * 2);
-    for (size_t i = 0; i < count_; ++i) bigger[i] = at(i);
-    slots_.swap(bigger);
-    first_ = 0;
-  }
-  std::vector<T*> slots_;  // size is a power of two
-  size_t first_ = 0;
-  size_t count_ = 0;
-};
 
 // Not thread-safe: post_*, progress() and the queries must come from one thread at a time
 // (the progress engine's). Requests complete in posting order per direction.
@@ -105,7 +72,6 @@ class TcpConnection final : public Connection {
   void fail_all(Status status);
   // The error for errno `err` (0: orderly EOF) while `req` was in flight.
   Status io_error(int err, const Request* req, const char* doing) const;
-  std::string describe_request(const Request* req) const;
 
   UniqueFd fd_;
   int my_rank_;
@@ -114,10 +80,10 @@ class TcpConnection final : public Connection {
   bool broken_ = false;
   bool farewell_sent_ = false;
 
-  RequestRing<SendRequest> sends_;
+  RequestQueue<SendRequest> sends_;
   size_t send_off_ = 0;  // bytes of the front send (header included) already sent
 
-  RequestRing<RecvRequest> recvs_;
+  RequestQueue<RecvRequest> recvs_;
   WireHeader rx_header_{};
   size_t rx_header_got_ = 0;
   size_t rx_payload_got_ = 0;  // payload bytes read (or reduced) for the front receive

@@ -66,16 +66,16 @@ Result<std::unique_ptr<TransportInstance>> open(const TransportContext& ctx) {
 }  // namespace
 
 void register_transport() {
-  static const TransportDesc desc = [] {
-    TransportDesc d;
-    d.name = "tcp";
-    d.summary = "any two hosts: authenticated TCP sockets, one per channel";
-    d.caps.reach = TransportCaps::Reach::kAnyHost;
-    d.caps.reduce_on_receive = true;
-    d.cost = LinkCost{25, 1};
-    d.open = open;
-    return d;
-  }();
+  static constexpr TransportDesc desc{
+      .name = "tcp",
+      .summary = "any two hosts: authenticated TCP sockets, one per channel",
+      .caps = {
+          .reach = TransportCaps::Reach::kAnyHost,
+          .reduce_on_receive = true,
+      },
+      .cost = {25, 1},
+      .open = open,
+  };
   chorus::register_transport(&desc);
 }
 

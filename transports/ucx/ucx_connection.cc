@@ -147,13 +147,9 @@ void UcxConnection::post_recv(RecvRequest* req) {
     req->fail();
     return;
   }
-  recvs_.push_back(req);
-  if (req->reduce != nullptr && (req->elem_size == 0 || req->bytes % req->elem_size != 0)) {
-    fail_all(invalid_usage("reducing receive of {} bytes from rank {} is not a whole number of "
-                           "{}-byte elements",
-                           req->bytes, peer(), req->elem_size),
-             true);
-  }
+  recvs_.push(req);
+  Status st = check_reducing_receive(*req, peer());
+  if (!st.ok()) fail_all(std::move(st), true);
 }
 
 int UcxConnection::poll_fd(short* events) const {
@@ -172,15 +168,14 @@ bool UcxConnection::progress() {
   // The peer's farewell and its endpoint's failure are looked at after the data that arrived
   // before them.
   if (!broken_ && check_farewell()) {
-    auto code = fw_code_;
-    if (code == Code::kOk) {
+    if (fw_code_ == Code::kOk) {
       fail_all(remote_error("{} closed its end of ucx channel {} (its communicator went away) {}",
                             peer_->label, channel(), situation()),
                false);
       return true;
     }
-    if (code != Code::kInvalidUsage && code != Code::kInvalidArgument) code = Code::kRemoteError;
-    fail_all(Status(code, fmt::format("{} gave up {}: {}", peer_->label, situation(), fw_text_)),
+    fail_all(Status(farewell_code(static_cast<uint32_t>(fw_code_)),
+                    fmt::format("{} gave up {}: {}", peer_->label, situation(), fw_text_)),
              false);
     return true;
   }
@@ -279,11 +274,8 @@ bool UcxConnection::on_header(RecvRequest* req, size_t length) {
     fail_all(corrupt(req, fmt::format("a message header with magic {:#010x}", h.magic)), true);
     return false;
   }
-  if (h.tag != req->tag || h.bytes != req->bytes) {
-    fail_all(invalid_usage("rank {} sent {} ({} bytes) but rank {} expects {} ({} bytes) from it",
-                           peer(), describe_tag(h.tag), h.bytes, my_rank_, describe_tag(req->tag),
-                           req->bytes),
-             true);
+  if (Status st = check_incoming(*req, h.tag, h.bytes, peer(), my_rank_); !st.ok()) {
+    fail_all(std::move(st), true);
     return false;
   }
   if (h.chunk_bytes == 0) {
@@ -383,7 +375,7 @@ bool UcxConnection::progress_payload(RecvRequest* req, bool* moved) {
 
 void UcxConnection::finish_recv(RecvRequest* req) {
   req->bytes_done.store(req->bytes, std::memory_order_relaxed);
-  recvs_.pop_front();
+  recvs_.pop();
   rx_phase_ = RxPhase::kIdle;
   req->complete();  // the caller may free it now
 }
@@ -509,11 +501,7 @@ void UcxConnection::fail_all(Status status, bool tell_peer) {
     sends_.pop_front();
     req->fail();
   }
-  while (!recvs_.empty()) {
-    RecvRequest* req = recvs_.front();
-    recvs_.pop_front();
-    req->fail();
-  }
+  recvs_.fail_all();
 }
 
 std::string UcxConnection::situation() const {
@@ -535,12 +523,6 @@ Status UcxConnection::peer_error() const {
 Status UcxConnection::corrupt(const RecvRequest* req, const std::string& what) const {
   return remote_error("{} sent {} on ucx channel {} while rank {} was receiving {}", peer_->label,
                       what, channel(), my_rank_, describe_request(req));
-}
-
-std::string UcxConnection::describe_request(const Request* req) const {
-  if (req == nullptr) return "nothing";
-  return fmt::format("{} ({} of {} bytes)", describe_tag(req->tag),
-                     req->bytes_done.load(std::memory_order_relaxed), req->bytes);
 }
 
 }  // namespace chorus::ucx

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "transports/protocol.h"
 #include "transports/transport.h"
 #include "transports/ucx/ucx_transport.h"
 #include "transports/ucx/ucx_worker.h"
@@ -92,7 +93,6 @@ class UcxConnection final : public Connection {
 
   Status peer_error() const;
   Status corrupt(const RecvRequest* req, const std::string& what) const;
-  std::string describe_request(const Request* req) const;
   // "while rank 0 was receiving AllReduce #3 (...) (0 of 64 bytes) on ucx channel 1".
   std::string situation() const;
 
@@ -108,7 +108,7 @@ class UcxConnection final : public Connection {
   std::deque<std::unique_ptr<SendOp>> sends_;
   std::vector<std::unique_ptr<SendOp>> spare_;
 
-  std::deque<RecvRequest*> recvs_;
+  RequestQueue<RecvRequest> recvs_;
   RxPhase rx_phase_ = RxPhase::kIdle;
   void* rx_header_req_ = nullptr;
   std::vector<uint8_t> rx_header_buf_;

@@ -398,19 +398,19 @@ std::string describe_lanes(TransportInstance* instance, int peer) {
 }
 
 void register_transport() {
-  static const TransportDesc desc = [] {
-    TransportDesc d;
-    d.name = "ucx";
-    d.summary = "any two hosts through UCX (UCP tagged messages); opened only when forced "
-                "(CHORUS_TRANSPORT=UCX) or measured in the tuner file";
-    d.caps.reach = TransportCaps::Reach::kAnyHost;
-    d.caps.reduce_on_receive = true;
-    d.caps.opt_in = true;  // a UCP context (threads, fds) in every process: only when forced
-    // Declared above TCP's (25 us, 1 GB/s) so that it is never picked by default.
-    d.cost = LinkCost{30, 0.9};
-    d.open = open_default;
-    return d;
-  }();
+  static constexpr TransportDesc desc{
+      .name = "ucx",
+      .summary = "any two hosts through UCX (UCP tagged messages); opened only when forced "
+                 "(CHORUS_TRANSPORT=UCX) or measured in the tuner file",
+      .caps = {
+          .reach = TransportCaps::Reach::kAnyHost,
+          .reduce_on_receive = true,
+          .opt_in = true,  // a UCP context (threads, fds) in every process: only when forced
+      },
+      // Declared above TCP's (25 us, 1 GB/s) so that it is never picked by default.
+      .cost = {30, 0.9},
+      .open = open_default,
+  };
   chorus::register_transport(&desc);
 }
 
