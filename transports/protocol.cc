@@ -5,16 +5,38 @@
 
 namespace chorus {
 
-Status check_incoming(const RecvRequest& req, const MsgTag& tag, uint64_t bytes, int peer,
-                      int my_rank) {
-  if (tag == req.tag && bytes == req.bytes) return Status();
-  return invalid_usage("rank {} sent {} ({} bytes) but rank {} expects {} ({} bytes) from it", peer,
-                       describe_tag(tag), bytes, my_rank, describe_tag(req.tag), req.bytes);
+Status accept_incoming(RecvRequest* req, const MsgTag& tag, uint64_t bytes, int peer,
+                       int my_rank) {
+  if (!req->size_from_sender) {
+    if (tag == req->tag && bytes == req->bytes) return Status();
+    return invalid_usage("rank {} sent {} ({} bytes) but rank {} expects {} ({} bytes) from it",
+                         peer, describe_tag(tag), bytes, my_rank, describe_tag(req->tag),
+                         req->bytes);
+  }
+  MsgTag any_count = req->tag;
+  any_count.count = tag.count;
+  if (tag != any_count) {
+    return invalid_usage("rank {} sent {} ({} bytes) but rank {} expects {} (up to {} bytes) "
+                         "from it",
+                         peer, describe_tag(tag), bytes, my_rank, describe_tag(req->tag),
+                         req->bytes);
+  }
+  if (bytes > req->bytes) {
+    return invalid_usage("rank {} sent {} of {} bytes but rank {} has room for {} bytes", peer,
+                         describe_tag(tag), bytes, my_rank, req->bytes);
+  }
+  req->tag.count = tag.count;
+  req->bytes = bytes;
+  return Status();
 }
 
 Status check_reducing_receive(const RecvRequest& req, int peer) {
-  if (req.reduce == nullptr || (req.elem_size > 0 && req.bytes % req.elem_size == 0))
-    return Status();
+  if (req.reduce == nullptr) return Status();
+  if (req.size_from_sender) {
+    return invalid_usage("reducing receive of {} from rank {} must know its size",
+                         describe_tag(req.tag), peer);
+  }
+  if (req.elem_size > 0 && req.bytes % req.elem_size == 0) return Status();
   return invalid_usage(
       "reducing receive of {} ({} bytes) from rank {} is not a whole number of {}-byte elements",
       describe_tag(req.tag), req.bytes, peer, req.elem_size);

@@ -57,11 +57,14 @@ class RequestQueue {
 // The incoming message (`tag`, `bytes`) that `peer` sent against `req`, the receive this rank
 // (`my_rank`) posted for it: OK when they match, else kInvalidUsage naming both calls, e.g.
 // "rank 1 sent AllReduce #3 (count 8, float, sum) (32 bytes) but rank 0 expects Broadcast #3
-// (count 8, float, root 0) (32 bytes) from it".
-Status check_incoming(const RecvRequest& req, const MsgTag& tag, uint64_t bytes, int peer,
-                      int my_rank);
+// (count 8, float, root 0) (32 bytes) from it". A receive whose size comes from the sender
+// (RecvRequest::size_from_sender) matches any count and any size up to its capacity, and
+// adopts them: req->bytes and req->tag.count become the sender's. Call it once per message,
+// before moving any of its payload.
+Status accept_incoming(RecvRequest* req, const MsgTag& tag, uint64_t bytes, int peer,
+                       int my_rank);
 
-// A reducing receive must cover whole elements: OK, or kInvalidUsage saying why.
+// A reducing receive must cover whole elements (and know its size): OK, or kInvalidUsage.
 Status check_reducing_receive(const RecvRequest& req, int peer);
 
 // The code a rank reports for a peer's farewell that carried `wire`: the peer's own verdict on

@@ -89,7 +89,14 @@ struct SendRequest : Request {
 
 // Receives `bytes` into dst. With `reduce` set, combines instead of copying:
 // dst[i] = reduce(src[i], incoming[i]) element-wise (dst may equal src).
+//
+// With `size_from_sender`, the sender decides how much arrives (MoE dispatch, where a rank
+// learns how many tokens a peer routes to it only from the peer): `bytes` is the capacity when
+// posted; once the message's header arrives, the transport sets `bytes` to the size sent (at
+// most the capacity, else the receive fails with kInvalidUsage) and `tag.count` to the
+// sender's count. Not with `reduce`.
 struct RecvRequest : Request {
+  bool size_from_sender = false;
   void* dst = nullptr;
   const void* src = nullptr;
   kernels::ReduceFn reduce = nullptr;

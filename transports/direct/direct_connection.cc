@@ -53,6 +53,7 @@ void DirectConnection::post_recv(RecvRequest* req) {
     return;
   }
   recvs_.push_back(req);
+  if (Status st = check_reducing_receive(*req, peer()); !st.ok()) fail_all(st);
 }
 
 bool DirectConnection::consume_one() {
@@ -64,7 +65,7 @@ bool DirectConnection::consume_one() {
   if (in_->sends.empty()) return false;
   SendRequest* s = in_->sends.front();
   RecvRequest* r = recvs_.front();
-  if (Status why = check_incoming(*r, s->tag, s->bytes, peer(), my_rank_); !why.ok()) {
+  if (Status why = accept_incoming(r, s->tag, s->bytes, peer(), my_rank_); !why.ok()) {
     // Both sides learn why: the sender through the closed inbox.
     close_locked(in_.get(), why);
     fail_all(why);

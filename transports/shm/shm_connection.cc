@@ -104,6 +104,7 @@ void ShmConnection::post_recv(RecvRequest* req) {
 }
 
 Status ShmConnection::check_recv_request(const RecvRequest& req) const {
+  if (Status st = check_reducing_receive(req, peer()); !st.ok()) return st;
   bool bad = req.bytes > kMaxMessageBytes || (req.bytes > 0 && req.dst == nullptr);
   if (req.reduce != nullptr) {
     // Elements must divide kFifoAlign so that none straddles the end of the ring.
@@ -237,7 +238,7 @@ bool ShmConnection::read_front(RecvRequest* req, uint64_t* budget) {
       read_farewell(header, *req);
       return false;
     }
-    Status status = check_header(header, *req);
+    Status status = check_header(header, req);
     if (!status.ok()) {
       fail_all(std::move(status));
       return false;
@@ -474,7 +475,7 @@ bool ShmConnection::complete_by_reference_sends() {
   return completed;
 }
 
-Status ShmConnection::check_header(const MsgHeader& header, const RecvRequest& req) const {
+Status ShmConnection::check_header(const MsgHeader& header, RecvRequest* req) {
   if (header.magic != kMsgMagic || header.index != recv_index_) {
     return remote_error(
         "shared-memory FIFO from rank {} (pid {}, channel {}) is corrupted: message header at "
@@ -489,7 +490,7 @@ Status ShmConnection::check_header(const MsgHeader& header, const RecvRequest& r
         "{} bytes inside its header (at most {})",
         peer(), peer_pid_, channel(), recv_index_, header.bytes, kInlineBytes);
   }
-  return check_incoming(req, header.tag, header.bytes, peer(), self_rank_);
+  return accept_incoming(req, header.tag, header.bytes, peer(), self_rank_);
 }
 
 uint64_t ShmConnection::send_space(uint64_t want) {

@@ -135,7 +135,8 @@ class ShmConnection final : public Connection {
   bool write_front(SendRequest* req, uint64_t* budget);
   // Consumes the front receive's header (if not yet) and payload; true when it is all consumed.
   bool read_front(RecvRequest* req, uint64_t* budget);
-  Status check_header(const MsgHeader& header, const RecvRequest& req) const;
+  // Checks the front receive's header, adopting the sender's size where the receive asks so.
+  Status check_header(const MsgHeader& header, RecvRequest* req);
   Status check_recv_request(const RecvRequest& req) const;
   // Free bytes in the send FIFO, refreshing the cached tail when `want` bytes are not free.
   uint64_t send_space(uint64_t want);

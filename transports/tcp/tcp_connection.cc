@@ -216,7 +216,7 @@ bool TcpConnection::read_header(RecvRequest* req, bool* moved) {
         peer(), peer_addr_, rx_header_.magic, channel(), my_rank_, describe_request(req)));
     return false;
   }
-  if (Status st = check_incoming(*req, rx_header_.tag, rx_header_.bytes, peer(), my_rank_);
+  if (Status st = accept_incoming(req, rx_header_.tag, rx_header_.bytes, peer(), my_rank_);
       !st.ok()) {
     fail_all(std::move(st));
     return false;

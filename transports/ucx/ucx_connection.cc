@@ -274,7 +274,7 @@ bool UcxConnection::on_header(RecvRequest* req, size_t length) {
     fail_all(corrupt(req, fmt::format("a message header with magic {:#010x}", h.magic)), true);
     return false;
   }
-  if (Status st = check_incoming(*req, h.tag, h.bytes, peer(), my_rank_); !st.ok()) {
+  if (Status st = accept_incoming(req, h.tag, h.bytes, peer(), my_rank_); !st.ok()) {
     fail_all(std::move(st), true);
     return false;
   }

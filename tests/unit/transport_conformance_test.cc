@@ -1,0 +1,238 @@
+// SPDX-License-Identifier: Apache-2.0
+// File: tests/unit/transport_conformance_test.cc
+// What every registered transport must do alike (transports/transport.h, transports/protocol.h),
+// checked over each of them through the registry, as core would open and connect them: two
+// ranks as threads of this process. A new transport is covered by being registered.
+#include <catch2/catch.hpp>
+#include <unistd.h>
+
+#include <barrier>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/clock.h"
+#include "common/dtype.h"
+#include "kernels/reduce/reduce.h"
+#include "net/auth.h"
+#include "support/scoped_env.h"
+#include "transports/registry.h"
+
+namespace chorus {
+namespace {
+
+// Two ranks of one communicator connected over one transport.
+struct Pair {
+  std::vector<std::string> blobs = std::vector<std::string>(2);
+  std::vector<std::unique_ptr<TransportInstance>> inst = std::vector<std::unique_ptr<TransportInstance>>(2);
+  std::vector<ConnectionTable> conns = std::vector<ConnectionTable>(2);
+  std::vector<Status> status = std::vector<Status>(2);
+  bool opened = true;  // false: the transport is not usable here (open gave no instance)
+
+  Connection* conn(int rank) { return conns[rank][0][0].get(); }
+};
+
+// The environment a transport needs to be opened in a test: UCX is opt-in and goes over its
+// tcp transport on loopback.
+struct TransportEnv {
+  explicit TransportEnv(const std::string& name) {
+    if (name != "ucx") return;
+    vars.push_back(std::make_unique<test::ScopedEnv>("CHORUS_TRANSPORT", "UCX"));
+    vars.push_back(std::make_unique<test::ScopedEnv>("UCX_TLS", "tcp,self"));
+    vars.push_back(std::make_unique<test::ScopedEnv>("UCX_NET_DEVICES", "lo"));
+  }
+  std::vector<std::unique_ptr<test::ScopedEnv>> vars;
+};
+
+void connect_pair(const TransportDesc& desc, Pair* pair) {
+  net::Secret secret = net::Secret::random();
+  const uint64_t uid = 0xc0f0 + static_cast<uint64_t>(getpid());
+  std::barrier sync(2);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      TransportContext ctx;
+      ctx.rank = r;
+      ctx.nranks = 2;
+      ctx.comm_uid = uid;
+      ctx.secret = secret;
+      ctx.comm_label = "conformance rank " + std::to_string(r);
+      auto opened = desc.open(ctx);
+      if (!opened.ok()) {
+        pair->status[r] = opened.take_status();
+      } else if (opened.value() == nullptr) {
+        pair->opened = false;
+      } else {
+        pair->inst[r] = std::move(opened).value();
+        pair->blobs[r] = pair->inst[r]->blob();
+      }
+      sync.arrive_and_wait();
+      if (pair->inst[0] == nullptr || pair->inst[1] == nullptr) return;
+      std::vector<EndpointInfo> all(2);
+      for (int p = 0; p < 2; ++p) {
+        all[p].rank = p;
+        all[p].host_hash = 1;
+        all[p].hostname = "testhost";
+        all[p].pid = getpid();
+        all[p].process_token = 7;
+        all[p].open = true;
+        all[p].blob = pair->blobs[p];
+      }
+      auto conns = pair->inst[r]->connect(all, {1 - r}, Deadline::after_ms(10000));
+      if (conns.ok()) {
+        pair->conns[r] = std::move(conns).value();
+      } else {
+        pair->status[r] = conns.take_status();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+}
+
+// Progresses both ends from this thread until every request is done (or failed), at most 20 s.
+bool drive(Pair& pair, const std::vector<Request*>& reqs) {
+  Deadline deadline = Deadline::after_ms(20000);
+  for (;;) {
+    bool all_done = true;
+    for (const Request* r : reqs) all_done = all_done && r->done();
+    if (all_done) return true;
+    if (deadline.expired()) return false;
+    bool moved = pair.conn(0)->progress();
+    moved |= pair.conn(1)->progress();
+    if (!moved) std::this_thread::yield();
+  }
+}
+
+MsgTag tag_of(uint32_t seq, uint64_t count) {
+  MsgTag tag;
+  tag.seq = seq;
+  tag.coll = static_cast<uint8_t>(CollKind::kSend);
+  tag.dtype = static_cast<uint8_t>(DataType::kFloat32);
+  tag.root = 0;
+  tag.count = count;
+  return tag;
+}
+
+// Runs `body` over every registered transport usable in this process (direct, shm and tcp
+// always are).
+template <typename Body>
+void for_each_transport(Body body) {
+  int ran = 0;
+  for (const TransportDesc* desc : transports()) {
+    TransportEnv env(desc->name);
+    Pair pair;
+    connect_pair(*desc, &pair);
+    if (!pair.opened) {
+      WARN("transport " << desc->name << " is not usable here; skipped");
+      continue;
+    }
+    INFO("transport " << desc->name << ": " << pair.status[0].to_string() << " / "
+                      << pair.status[1].to_string());
+    REQUIRE(pair.status[0].ok());
+    REQUIRE(pair.status[1].ok());
+    body(desc->name, pair);
+    ++ran;
+  }
+  CHECK(ran >= 3);
+}
+
+}  // namespace
+
+TEST_CASE("every transport: a receive can learn its size from the sender", "[unit][transport]") {
+  for_each_transport([](const std::string& name, Pair& pair) {
+    constexpr size_t kRoom = (size_t{2} << 20) + 64;  // bytes of room in every receive
+    uint32_t seq = 1;
+    for (size_t count : {size_t{0}, size_t{1}, size_t{3}, size_t{1000}, (size_t{1} << 18) + 5}) {
+      const size_t bytes = count * sizeof(float);
+      INFO(name << ": " << count << " floats");
+      std::vector<float> sent(count);
+      for (size_t i = 0; i < count; ++i) sent[i] = 0.37f * static_cast<float>(i) - 11.5f;
+      std::vector<uint8_t> got(kRoom, 0xab);
+      SendRequest s;
+      s.buf = sent.data();
+      s.bytes = bytes;
+      s.tag = tag_of(seq, count);
+      RecvRequest r;
+      r.size_from_sender = true;
+      r.dst = got.data();
+      r.bytes = kRoom;
+      r.tag = tag_of(seq, 0);  // the count is the sender's to say
+      ++seq;
+      pair.conn(1)->post_recv(&r);
+      pair.conn(0)->post_send(&s);
+      REQUIRE(drive(pair, {&s, &r}));
+      REQUIRE_FALSE(r.failed());
+      REQUIRE_FALSE(s.failed());
+      CHECK(r.bytes == bytes);
+      CHECK(r.tag.count == count);
+      CHECK(std::memcmp(got.data(), sent.data(), bytes) == 0);
+      CHECK(got[bytes] == 0xab);  // nothing written past what was sent
+      CHECK(got[kRoom - 1] == 0xab);
+    }
+    // A plain receive of the same kind still works after them (the stream stayed in step).
+    std::vector<float> sent = {1.25f, -2.5f};
+    std::vector<float> got(2);
+    SendRequest s;
+    s.buf = sent.data();
+    s.bytes = 8;
+    s.tag = tag_of(seq, 2);
+    RecvRequest r;
+    r.dst = got.data();
+    r.bytes = 8;
+    r.tag = tag_of(seq, 2);
+    pair.conn(1)->post_recv(&r);
+    pair.conn(0)->post_send(&s);
+    REQUIRE(drive(pair, {&s, &r}));
+    CHECK_FALSE(r.failed());
+    CHECK(got == sent);
+  });
+}
+
+TEST_CASE("every transport: more than a receive has room for is ncclInvalidUsage",
+          "[unit][transport]") {
+  for_each_transport([](const std::string& name, Pair& pair) {
+    INFO(name);
+    std::vector<float> sent(100, 0.5f);
+    std::vector<float> got(50);
+    SendRequest s;
+    s.buf = sent.data();
+    s.bytes = sent.size() * sizeof(float);
+    s.tag = tag_of(1, sent.size());
+    RecvRequest r;
+    r.size_from_sender = true;
+    r.dst = got.data();
+    r.bytes = got.size() * sizeof(float);
+    r.tag = tag_of(1, 0);
+    pair.conn(1)->post_recv(&r);
+    pair.conn(0)->post_send(&s);
+    drive(pair, {&r});
+    REQUIRE(r.failed());
+    const Status& why = pair.conn(1)->error();
+    CHECK(why.code() == Code::kInvalidUsage);
+    CHECK_THAT(why.message(), Catch::Contains("400 bytes") && Catch::Contains("room for 200"));
+  });
+}
+
+TEST_CASE("every transport: a reducing receive must know its size", "[unit][transport]") {
+  for_each_transport([](const std::string& name, Pair& pair) {
+    INFO(name);
+    std::vector<float> acc(4, 1.0f);
+    RecvRequest r;
+    r.size_from_sender = true;
+    r.dst = acc.data();
+    r.src = acc.data();
+    r.bytes = acc.size() * sizeof(float);
+    r.tag = tag_of(1, 0);
+    r.reduce = kernels::reduce_fn(DataType::kFloat32, kernels::ReduceOp::kSum);
+    r.elem_size = sizeof(float);
+    pair.conn(1)->post_recv(&r);
+    drive(pair, {&r});
+    REQUIRE(r.failed());
+    CHECK(pair.conn(1)->error().code() == Code::kInvalidUsage);
+    CHECK_THAT(pair.conn(1)->error().message(), Catch::Contains("must know its size"));
+  });
+}
+
+}  // namespace chorus
