@@ -56,7 +56,8 @@ UcxConnection::~UcxConnection() {
   // Sends still in flight (or a receive UCX already matched): give them a moment, then cut the
   // endpoint so that UCX completes them with an error and lets go of the buffers.
   bool done = !peer_->failed() && drain(kCloseDrainMs);
-  if (!done) {
+  // An endpoint without failure handling cannot be forced; its worker's reaper bounds it.
+  if (!done && peer_->watched) {
     worker_->force_close(peer_.get(), fmt::format("was cut off by rank {}, which closed ucx "
                                                   "channel {} with operations in flight",
                                                   my_rank_, channel()));
@@ -484,7 +485,7 @@ void UcxConnection::fail_all(Status status, bool tell_peer) {
   reap();
   if (!aux_.empty()) {
     bool done = !peer_->failed() && drain(kFailDrainMs);
-    if (!done) {
+    if (!done && peer_->watched) {
       worker_->force_close(peer_.get(),
                            fmt::format("was cut off by rank {} after an error on ucx channel {}",
                                        my_rank_, channel()));

@@ -15,6 +15,7 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <set>
 #include <thread>
 
 #include "common/log.h"
@@ -73,6 +74,49 @@ const pid_t g_loaded_pid = getpid();
 // parent's environment avoids the hooks altogether.)
 bool in_forked_child() { return getpid() != g_loaded_pid; }
 
+// UCX 1.13's single-copy shared-memory transports (cma, knem, xpmem) read the peer's memory
+// directly, and when the peer has died cma aborts the whole process (process_vm_readv fails
+// inside uct_cma_ep_tx: ucs_fatal). Endpoints with peer-failure handling never use them (UCX
+// leaves out every transport that cannot detect a peer's failure), but the same-host endpoints
+// that go without it (Worker::add_peer) would, and a survivor would die with its peer. So the
+// UCX_TLS list is rewritten without them: "sm" and "shm" become "posix,sysv" (large messages
+// are then copied through UCX's shared-memory FIFOs) and a negated list ("^tcp") gets them
+// added. "all" (the default) stays: it has tcp, so every endpoint gets failure handling.
+std::string without_single_copy(const std::string& tls) {
+  static const std::set<std::string> kSingleCopy = {"cma", "knem", "xpmem"};
+  std::vector<std::string> items;
+  size_t start = 0;
+  while (start <= tls.size()) {
+    size_t comma = tls.find(',', start);
+    if (comma == std::string::npos) comma = tls.size();
+    if (comma > start) items.push_back(tls.substr(start, comma - start));
+    start = comma + 1;
+  }
+  if (items.empty()) return tls;
+  std::vector<std::string> out;
+  auto add = [&](const std::string& t) {
+    if (std::find(out.begin(), out.end(), t) == out.end()) out.push_back(t);
+  };
+  if (items[0].starts_with("^")) {
+    for (const auto& t : items) add(t);
+    for (const auto& t : kSingleCopy) add(t);
+  } else {
+    for (const auto& t : items) {
+      if (t == "all") return tls;
+      if (t == "sm" || t == "shm" || t == "mm") {
+        add("posix");
+        add("sysv");
+      } else if (kSingleCopy.count(t) == 0) {
+        add(t);
+      }
+    }
+    if (out.empty()) return tls;
+  }
+  std::string joined;
+  for (const auto& t : out) joined += (joined.empty() ? "" : ",") + t;
+  return joined;
+}
+
 }  // namespace
 
 // ---- Context --------------------------------------------------------------------------------
@@ -110,6 +154,14 @@ Result<std::shared_ptr<Context>> Context::get(const ConfigOverrides& overrides) 
     if (st == UCS_OK) CHORUS_INFO(kNet, "ucx: forked child: UCP registration cache disabled");
   }
   std::string tls = config_value(config, "TLS");
+  if (std::string safe = without_single_copy(tls); safe != tls) {
+    st = ucp_config_modify(config, "TLS", safe.c_str());
+    if (st == UCS_OK) {
+      CHORUS_INFO(kNet, "ucx: UCX_TLS={} is used as {}: UCX's single-copy transports abort the "
+                  "process when a same-host peer dies", tls, safe);
+      tls = fmt::format("{} (used as {})", tls, safe);
+    }
+  }
 
   ucp_params_t params{};
   params.field_mask =

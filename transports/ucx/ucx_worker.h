@@ -36,7 +36,8 @@ class Context {
   Context& operator=(const Context&) = delete;
 
   ucp_context_h handle() const { return ctx_; }
-  // The UCX_TLS value in effect ("all" by default), for messages.
+  // The UCX_TLS value in effect ("all" by default), for messages: "sm,self (used as
+  // posix,sysv,self)" when the single-copy transports were left out (ucx_worker.cc).
   const std::string& tls() const { return tls_; }
 
  private:
