@@ -9,20 +9,23 @@
 #                                        them, or "test" when ctest arguments are given)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+total=$(date +%s)
 scripts/install-deps.sh
+echo "stage time: install-deps $(($(date +%s) - total)) s"
 if [ $# -gt 0 ]; then
   stages=${CHORUS_TEST_STAGES:-test}
 else
   stages=${CHORUS_TEST_STAGES:-test asan tsan fuzz}
 fi
 jobs=$(nproc)
-total=$(date +%s)
 if [[ " $stages " == *" test "* ]]; then
+  start=$(date +%s)
   cmake -S . -B build-test -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCHORUS_WERROR=ON -DCHORUS_BUILD_TESTS=ON
   cmake --build build-test -j"$jobs"
+  echo "stage time: build $(($(date +%s) - start)) s"
   start=$(date +%s)
   ctest --test-dir build-test -j"$jobs" --output-on-failure --no-tests=error "$@"
-  echo "test suite: $(($(date +%s) - start)) s"
+  echo "stage time: test suite $(($(date +%s) - start)) s"
 fi
 sanitizer_stages=()
 for s in asan tsan fuzz; do
