@@ -1122,9 +1122,11 @@ def ucx_section(state, med, lim):
                  "MPI 4.1's (no error handling) use sysv/cma. Compare the endpoint lines above.\n")
     elif ucx_bound_kind(tls) == "memory":
         L.append(f"Caveat: UCX_TLS={tls} has no tcp. UCX 1.13's shared-memory transports cannot do "
-                 "peer-failure handling, which Chorus's UCX endpoints ask for, so Chorus cannot "
-                 "create its endpoints (its jobs fail; see Failures) while Open MPI runs over "
-                 "them.\n")
+                 "peer-failure handling, so Chorus makes its same-host endpoints without it (core "
+                 "watches those peers) and leaves out UCX's single-copy transports (cma aborts a "
+                 "process whose peer died): Chorus copies through UCX's posix/sysv FIFOs, while "
+                 "Open MPI 4.1 also uses cma (one copy) for large messages. Compare the endpoint "
+                 "lines above.\n")
     rows = ucx_summary(med)
     if not rows:
         L.append("No UCX measurements (see Failures).\n")
