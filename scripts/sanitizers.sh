@@ -34,8 +34,12 @@ done
 #   - the whole-library script checks (abi:exports reads the shared library's symbol table,
 #     install:* builds an uninstrumented consumer against the installed library, netns:* needs
 #     network namespaces): they say nothing about memory or threads;
-#   - TSan: the whole default-choice matrix ("<Coll> matrix with N ranks", 1M-element counts):
-#     the per-algorithm matrix runs every algorithm of every collective with 1-8 ranks;
+#   - both: the whole default-choice matrix ("<Coll> matrix with N ranks", 1M-element counts):
+#     the per-algorithm matrix runs every algorithm of every collective with 1-8 ranks, and the
+#     normal stage runs the default-choice matrix;
+#   - both: the multi-process matrices at a second rank count of the same transport (shared
+#     memory with 4 ranks, TCP with 2, UCX with 2 over tcp and 4 over shared memory): the other
+#     rank count of each runs, and the normal stage runs them all;
 #   - TSan: the frozen-peer fault test, which asserts when the timeout fires (within 100 ms
 #     before and 5 s after CHORUS_TIMEOUT_MS), a timing that TSan's slowdown does not keep;
 #   - TSan: the UCX tests: libucx is not instrumented and runs threads of its own, so TSan
@@ -44,16 +48,19 @@ done
 #     probe files), which exercise no instrumented code.
 # and with fewer datatypes (CHORUS_TEST_DATATYPES, tests/support/coll_check.h): the transports
 # and algorithms depend on the element size only, and every datatype's kernels are checked
-# by the unit tests. ASan keeps one datatype of each size (int8, half, float, double); TSan,
-# 5-15x slower, int8 and float. Each stage takes about 10 minutes on 2 cores.
+# by the unit tests. ASan keeps one datatype of each size (int8, half, float, double), since
+# an out-of-bounds access can depend on it; TSan, 5-15x slower and looking for races, which do
+# not, float only. Each stage takes about 15 minutes on 2 cores, its build included.
 core_tests=(chorus_unit_tests chorus_ranks_tests chorus_mp_tests chorus_mp_worker
             chorus_fault_tests)
 core_labels='^(unit|ranks|mp)$'
 not_instrumented='^(abi|install|example|netns|launcher|layers):'
-asan_exclude=$not_instrumented
+default_matrix='^ranks:.* matrix with [0-9]+ ranks$'
+second_rank_count='^mp:multi-process matrix (over shared memory with 4|over TCP with 2|over UCX \(tcp\) with 2|over UCX \(shared memory\) with 4) ranks$'
+asan_exclude="$not_instrumented|$default_matrix|$second_rank_count"
 asan_datatypes=int8,half,float,double
-tsan_exclude="$not_instrumented|^ranks:.* matrix with [0-9]+ ranks$|^fault:a frozen peer|UCX|^unit:ucx:"
-tsan_datatypes=int8,float
+tsan_exclude="$not_instrumented|$default_matrix|$second_rank_count|^fault:a frozen peer|UCX|^unit:ucx:"
+tsan_datatypes=float
 
 configure_build() {  # dir, extra cmake arguments...
   local dir=$1
