@@ -215,6 +215,35 @@ void init(RecvRequest* r, void* dst, size_t bytes, const MsgTag& tag) {
   r->tag = tag;
 }
 
+// Ranks 0 and 1 of `g` send each other `bytes` of distinct patterns at once (channel 0), and
+// both arrive whole, with the connection idle and healthy afterwards.
+void exchange_both_ways(Group& g, size_t bytes) {
+  MsgTag tag = tag_of(CollKind::kSendRecv, 1, bytes);
+  std::vector<uint8_t> a = pattern(bytes, 1), b = pattern(bytes, 2);
+  std::vector<uint8_t> at0(bytes, 0xee), at1(bytes, 0xee);
+  SendRequest s0, s1;
+  RecvRequest r0, r1;
+  init(&s0, a.data(), bytes, tag);
+  init(&s1, b.data(), bytes, tag);
+  init(&r0, at0.data(), bytes, tag);
+  init(&r1, at1.data(), bytes, tag);
+  bool ok1 = false;
+  std::thread t([&] { ok1 = drive(g.get(1, 0), {&s1}, {&r1}); });
+  bool ok0 = drive(g.get(0, 1), {&s0}, {&r0});
+  t.join();
+  REQUIRE(ok0);
+  REQUIRE(ok1);
+  CHECK_FALSE(s0.failed());
+  CHECK_FALSE(r0.failed());
+  CHECK_FALSE(r1.failed());
+  CHECK(at0 == b);
+  CHECK(at1 == a);
+  CHECK(r0.bytes_done.load() == bytes);
+  CHECK(s0.bytes_done.load() == bytes);
+  CHECK(g.get(0, 1)->idle());
+  CHECK(g.get(0, 1)->error().ok());
+}
+
 double elapsed_ms(int64_t since_ns) { return static_cast<double>(now_ns() - since_ns) / 1e6; }
 
 }  // namespace
@@ -261,30 +290,7 @@ TEST_CASE("ucx: messages of 0, 1, 4 KiB and 1 MiB+3 bytes cross in both directio
   for (size_t bytes : {size_t{0}, size_t{1}, size_t{4096}, size_t{kMaxInlineBytes},
                        size_t{kMaxInlineBytes + 1}, (size_t{1} << 20) + 3}) {
     INFO("bytes " << bytes);
-    MsgTag tag = tag_of(CollKind::kSendRecv, 1, bytes);
-    std::vector<uint8_t> a = pattern(bytes, 1), b = pattern(bytes, 2);
-    std::vector<uint8_t> at0(bytes, 0xee), at1(bytes, 0xee);
-    SendRequest s0, s1;
-    RecvRequest r0, r1;
-    init(&s0, a.data(), bytes, tag);
-    init(&s1, b.data(), bytes, tag);
-    init(&r0, at0.data(), bytes, tag);
-    init(&r1, at1.data(), bytes, tag);
-    bool ok1 = false;
-    std::thread t([&] { ok1 = drive(g.get(1, 0), {&s1}, {&r1}); });
-    bool ok0 = drive(g.get(0, 1), {&s0}, {&r0});
-    t.join();
-    REQUIRE(ok0);
-    REQUIRE(ok1);
-    CHECK_FALSE(s0.failed());
-    CHECK_FALSE(r0.failed());
-    CHECK_FALSE(r1.failed());
-    CHECK(at0 == b);
-    CHECK(at1 == a);
-    CHECK(r0.bytes_done.load() == bytes);
-    CHECK(s0.bytes_done.load() == bytes);
-    CHECK(g.get(0, 1)->idle());
-    CHECK(g.get(0, 1)->error().ok());
+    exchange_both_ways(g, bytes);
   }
 }
 
@@ -645,23 +651,7 @@ TEST_CASE("ucx: UCX_TLS=sm,self between ranks of one host: endpoints without fai
   CHECK_THAT(describe_lanes(g.inst[0].get(), 1), !Catch::Contains("tcp"));
   for (size_t bytes : {size_t{0}, size_t{5}, (size_t{1} << 20) + 3}) {
     INFO("bytes " << bytes);
-    MsgTag tag = tag_of(CollKind::kSendRecv, 1, bytes);
-    std::vector<uint8_t> a = pattern(bytes, 1), b = pattern(bytes, 2);
-    std::vector<uint8_t> at0(bytes, 0xee), at1(bytes, 0xee);
-    SendRequest s0, s1;
-    RecvRequest r0, r1;
-    init(&s0, a.data(), bytes, tag);
-    init(&s1, b.data(), bytes, tag);
-    init(&r0, at0.data(), bytes, tag);
-    init(&r1, at1.data(), bytes, tag);
-    bool ok1 = false;
-    std::thread t([&] { ok1 = drive(g.get(1, 0), {&s1}, {&r1}); });
-    bool ok0 = drive(g.get(0, 1), {&s0}, {&r0});
-    t.join();
-    REQUIRE(ok0);
-    REQUIRE(ok1);
-    CHECK(at0 == b);
-    CHECK(at1 == a);
+    exchange_both_ways(g, bytes);
   }
 }
 

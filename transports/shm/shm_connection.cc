@@ -107,9 +107,10 @@ Status ShmConnection::check_recv_request(const RecvRequest& req) const {
   if (Status st = check_reducing_receive(req, peer()); !st.ok()) return st;
   bool bad = req.bytes > kMaxMessageBytes || (req.bytes > 0 && req.dst == nullptr);
   if (req.reduce != nullptr) {
-    // Elements must divide kFifoAlign so that none straddles the end of the ring.
+    // Elements must divide kFifoAlign so that none straddles the end of the ring (whole
+    // elements of a known size: check_reducing_receive above).
     size_t e = req.elem_size;
-    bool elem_ok = e > 0 && e <= kFifoAlign && (e & (e - 1)) == 0 && req.bytes % e == 0;
+    bool elem_ok = e <= kFifoAlign && (e & (e - 1)) == 0;
     bad = bad || !elem_ok || (req.bytes > 0 && req.src == nullptr);
   }
   if (!bad) return Status();
