@@ -45,7 +45,9 @@ void print_transports() {
                d->name, d->summary, reach, d->cost.alpha_us, d->cost.beta_gbps,
                d->caps.registration ? "; registers memory" : "",
                d->caps.one_sided_put ? "; one-sided put" : "");
-    if (d->caps.opt_in) fmt::print("          opened only when CHORUS_TRANSPORT={} forces it\n", d->name);
+    if (d->caps.opt_in)
+      fmt::print("          opened only when CHORUS_TRANSPORT={} forces it or CHORUS_TUNER_FILE "
+                 "measures it\n", d->name);
   }
   auto ifaces = net::list_interfaces();
   auto picked = net::pick_interface();

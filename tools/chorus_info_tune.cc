@@ -10,6 +10,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cctype>
 #include <cstdlib>
 #include <fstream>
 #include <thread>
@@ -17,6 +19,7 @@
 #include "algo/tuner.h"
 #include "api/api_util.h"
 #include "common/params.h"
+#include "transports/registry.h"
 
 namespace chorus::info {
 
@@ -116,24 +119,32 @@ void print_tuner() {
 }
 
 int tune(const char* path) {
-  struct Link {
-    const char* name;
-    const char* transport;
-    bool processes;
-  };
-  const Link links[] = {{"direct", "DIRECT", false}, {"shm", "SHM", true}, {"tcp", "TCP", true}};
   std::string file = "# chorus tuner file (chorus-info --tune): <transport> <alpha_us> <beta_gbps>\n";
   double gamma = algo::local_reduce_gbps();
-  for (const Link& link : links) {
-    auto model = measure(link.transport, link.processes);
+  int measured = 0;
+  // Measure, whatever the environment says: not the figures of an older file.
+  unsetenv("CHORUS_TUNER_FILE");
+  setenv("CHORUS_TUNER", "MEASURE", 1);
+  // Every registered transport, between two threads of this process when it reaches only
+  // that far, else between this process and a forked child.
+  for (const TransportDesc* desc : transports()) {
+    std::string forced = desc->name;
+    std::transform(forced.begin(), forced.end(), forced.begin(),
+                   [](unsigned char c) { return static_cast<char>(std::toupper(c)); });
+    bool processes = desc->caps.reach != TransportCaps::Reach::kSameProcess;
+    auto model = measure(forced.c_str(), processes);
     if (!model.ok()) {
-      fmt::print(stderr, "chorus-info: measuring {} failed: {}\n", link.name, model.status().message());
-      return 1;
+      // A transport this host cannot run (no UCX device, say) is left out of the file.
+      fmt::print(stderr, "chorus-info: measuring {} failed, left out: {}\n", desc->name,
+                 model.status().message());
+      continue;
     }
-    fmt::print("{:<7} {}\n", link.name, model->to_string());
-    file += fmt::format("{} {:.3f} {:.3f}\n", link.name, model->alpha_us, model->beta_gbps);
+    ++measured;
+    fmt::print("{:<7} {}\n", desc->name, model->to_string());
+    file += fmt::format("{} {:.3f} {:.3f}\n", desc->name, model->alpha_us, model->beta_gbps);
     print_choices(*model, 2);
   }
+  if (measured == 0) return 1;
   file += fmt::format("reduce {:.3f}\n", gamma);
   if (path != nullptr) {
     std::ofstream out(path);

@@ -18,6 +18,15 @@
 namespace chorus {
 
 namespace {
+
+// The transports' measured figures from CHORUS_TUNER_FILE (none when unset or unreadable: the
+// calibration reports a bad file).
+std::vector<algo::TunerFile::Link> measured_links() {
+  const std::string& path = params::kTunerFile.get();
+  if (path.empty()) return {};
+  auto file = algo::read_tuner_file(path);
+  return file.ok() ? file->links : std::vector<algo::TunerFile::Link>{};
+}
 constexpr uint32_t kPeerInfoMagic = 0x43504932;  // "CPI2"
 constexpr size_t kMaxHostname = 256;
 constexpr size_t kMaxTransportName = 32;
@@ -142,8 +151,16 @@ void Comm::open_transports(PeerInfo* me) {
   ctx.channels = channels_;
   ctx.comm_label = describe();
   const std::string& forced = params::kTransport.get();
+  const std::vector<algo::TunerFile::Link> measured = measured_links();
   for (const TransportDesc* desc : transports()) {
-    if (desc->caps.opt_in && strcasecmp(forced.c_str(), desc->name) != 0) continue;
+    // An opt-in transport costs something in every process: opened where it can be chosen,
+    // forced or measured (a tuner file line, as `chorus-info --tune` writes).
+    if (desc->caps.opt_in && strcasecmp(forced.c_str(), desc->name) != 0 &&
+        !std::any_of(measured.begin(), measured.end(), [&](const algo::TunerFile::Link& l) {
+          return strcasecmp(l.transport.c_str(), desc->name) == 0;
+        })) {
+      continue;
+    }
     auto opened = desc->open(ctx);
     if (!opened.ok()) {
       CHORUS_WARN(kInit, "{}: transport {} is not available: {}", describe(), desc->name,
@@ -232,10 +249,7 @@ Status Comm::connect_transports(const std::vector<PeerInfo>& infos) {
     }
   }
   // Link costs: the transports' declared figures, or measured ones from a tuner file.
-  std::vector<algo::TunerFile::Link> measured;
-  if (const std::string& path = params::kTunerFile.get(); !path.empty()) {
-    if (auto file = algo::read_tuner_file(path); file.ok()) measured = file->links;
-  }
+  const std::vector<algo::TunerFile::Link> measured = measured_links();
   auto cost_of = [&](const TransportDesc* d) {
     for (const auto& link : measured)
       if (strcasecmp(link.transport.c_str(), d->name) == 0)
