@@ -87,6 +87,12 @@ void OpContext::post(Request& req, int peer, size_t bytes, const MsgTag& tag) {
   req.tag = tag;
 }
 
+void OpContext::name_message(Request& req, int peer, int channel, bool send) {
+  if (ordinals_.empty()) ordinals_.assign(static_cast<size_t>(2 * nranks_ * channels_), 0);
+  uint8_t& ordinal = ordinals_[2 * (static_cast<size_t>(peer) * channels_ + channel) + (send ? 1 : 0)];
+  req.tag.set_message(static_cast<uint32_t>(channel), ordinal++);
+}
+
 void OpContext::send(SendRequest& req, int peer, int channel, const void* buf, size_t bytes) {
   send_tagged(req, peer, channel, buf, bytes, tag_);
 }
@@ -98,6 +104,7 @@ void OpContext::recv(RecvRequest& req, int peer, int channel, void* dst, size_t 
 void OpContext::send_tagged(SendRequest& req, int peer, int channel, const void* buf,
                             size_t bytes, const MsgTag& tag) {
   post(req, peer, bytes, tag);
+  name_message(req, peer, channel, true);
   req.buf = buf;
   req.memfd = MemfdLocation{};
   if (shared_ != nullptr) {
@@ -109,31 +116,33 @@ void OpContext::send_tagged(SendRequest& req, int peer, int channel, const void*
       break;
     }
   }
-  Connection* conn = comm_.conn(peer, channel);
-  conn->post_send(&req);
-  comm_.activate(conn);
+  PeerLink* link = comm_.link(peer);
+  link->post_send(&req);
+  comm_.activate(link);
 }
 
 void OpContext::recv_tagged(RecvRequest& req, int peer, int channel, void* dst, size_t bytes,
                             const MsgTag& tag) {
   post(req, peer, bytes, tag);
+  name_message(req, peer, channel, false);
   req.dst = dst;
   req.reduce = nullptr;
-  Connection* conn = comm_.conn(peer, channel);
-  conn->post_recv(&req);
-  comm_.activate(conn);
+  PeerLink* link = comm_.link(peer);
+  link->post_recv(&req);
+  comm_.activate(link);
 }
 
 void OpContext::recv_reduce(RecvRequest& req, int peer, int channel, void* dst, const void* src,
                             size_t bytes, kernels::ReduceFn fn, size_t elem_size) {
   post(req, peer, bytes, tag_);
+  name_message(req, peer, channel, false);
   req.dst = dst;
   req.src = src;
   req.reduce = fn;
   req.elem_size = elem_size;
-  Connection* conn = comm_.conn(peer, channel);
-  conn->post_recv(&req);
-  comm_.activate(conn);
+  PeerLink* link = comm_.link(peer);
+  link->post_recv(&req);
+  comm_.activate(link);
 }
 
 Status OpContext::check(const Request& req) const {
@@ -142,6 +151,8 @@ Status OpContext::check(const Request& req) const {
     Connection* conn = comm_.conn(req.peer, ch);
     if (conn != nullptr && !conn->error().ok()) return conn->error();
   }
+  if (PeerLink* link = comm_.link(req.peer); link != nullptr && !link->error().ok())
+    return link->error();
   if (comm_.aborting()) return remote_error("{} was aborted", comm_.describe());
   return remote_error("a transfer with {} failed", comm_.peer(req.peer).describe());
 }

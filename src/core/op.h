@@ -188,7 +188,12 @@ class OpContext {
 
  private:
   void post(Request& req, int peer, size_t bytes, const MsgTag& tag);
+  // Names the message in req.tag for the chunk layer: its lane (`channel`) and its ordinal,
+  // the how-manieth message of this operation to (or from) `peer` on that lane, counted alike
+  // on both sides since each algorithm posts in the same order per peer and channel.
+  void name_message(Request& req, int peer, int channel, bool send);
   Comm& comm_;
+  std::vector<uint8_t> ordinals_;  // [2 * (peer * channels + channel) + send], made on first use
   const std::vector<SharedRange>* shared_;
   int rank_;
   int nranks_;

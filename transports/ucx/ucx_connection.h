@@ -46,6 +46,7 @@ class UcxConnection final : public Connection {
   bool idle() const override { return sends_.empty() && recvs_.empty(); }
   // The worker's event fd, armed (see Worker::poll_fd); -1 after an error.
   int poll_fd(short* events) const override;
+  bool peek(MsgTag* tag, uint64_t* bytes) override;
   const char* transport_name() const override { return "ucx"; }
   void farewell(const Status& why) override;
 
@@ -66,12 +67,16 @@ class UcxConnection final : public Connection {
     void* req = nullptr;
     std::vector<uint8_t> buf;
   };
-  enum class RxPhase : uint8_t { kIdle, kHeader, kPayload };
+  // kArrived: a header is in rx_header_ (checked for framing), not yet matched to a receive.
+  enum class RxPhase : uint8_t { kIdle, kHeader, kArrived, kPayload };
 
   Status send_msg(const void* buf, size_t bytes, uint64_t tag, SendOp* op, size_t end);
   Result<void*> post_ucx_recv(void* buf, size_t bytes, uint64_t tag);
   bool progress_sends();
   bool progress_recvs();
+  // Posts the receive of the next header message if none is, and tests it: true once a header
+  // has arrived (kArrived, in rx_header_). `req` (may be null) is named in errors.
+  bool poll_header(const RecvRequest* req, bool* moved);
   // The header of the front receive arrived (`length` bytes): checks it, completes an inline
   // message. False when the connection failed.
   bool on_header(RecvRequest* req, size_t length);
@@ -112,6 +117,8 @@ class UcxConnection final : public Connection {
   RxPhase rx_phase_ = RxPhase::kIdle;
   void* rx_header_req_ = nullptr;
   std::vector<uint8_t> rx_header_buf_;
+  WireHeader rx_header_{};   // the last header that arrived
+  size_t rx_header_len_ = 0;  // bytes of its message (header + inline payload)
   size_t rx_chunk_ = 0;   // the sender's chunk size for the front receive
   size_t rx_chunks_ = 0;  // chunks of the front receive
   size_t rx_posted_ = 0;  // chunks posted
