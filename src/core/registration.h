@@ -41,11 +41,14 @@
 #include <vector>
 
 #include "common/status.h"
+#include "transports/registration_key.h"
 #include "transports/transport.h"
 
 namespace chorus {
 
-// Where a range of ncclMemAlloc memory lives: MemfdLocation (transports/transport.h).
+// Where a range of ncclMemAlloc memory lives: MemfdLocation (transports/transport.h). What
+// transports keep for a range: RegistrationKey, RegisteredRange, KeyFactory
+// (transports/registration_key.h).
 
 // ---- ncclMemAlloc memory (process-wide) ----
 // `bytes` (> 0) rounded up to pages, memfd-backed and mapped shared.
@@ -56,22 +59,6 @@ Status free_shared(void* p);
 // Where [p, p + bytes) lies when it is inside one alloc_shared allocation (the fd is valid
 // until that allocation is freed).
 std::optional<MemfdLocation> find_shared(const void* p, size_t bytes);
-
-// What a transport keeps for one registered range (a verbs MR, a UCX memory handle).
-class RegistrationKey {
- public:
-  virtual ~RegistrationKey() = default;
-};
-
-struct RegisteredRange {
-  const void* base = nullptr;
-  size_t bytes = 0;
-  std::optional<MemfdLocation> memfd;  // of base; held open while the entry exists
-};
-
-// Makes a transport's key for a range (called with the cache locked, at most once per entry).
-using KeyFactory =
-    std::function<Result<std::unique_ptr<RegistrationKey>>(const RegisteredRange& range)>;
 
 struct SharedAllocation;  // one alloc_shared allocation
 class RegistrationPin;
