@@ -351,7 +351,8 @@ void Comm::shutdown() {
   std::lock_guard<std::mutex> drive(drive_mutex_);
   close_connections();
   conns_.clear();
-  // Keys may use their transport's resources (a UCP context): they go before the instances.
+  // Keys may use their transport's resources (a context, a protection domain): they go
+  // before the instances.
   for (const OpenTransport& t : open_)
     if (t.key_slot >= 0) registrations_.remove_key_factory(t.key_slot);
   open_.clear();
