@@ -14,7 +14,8 @@
 //    are evicted least recently used first once the registered bytes exceed the limit
 //    (CHORUS_REG_CACHE_BYTES). They span whole pages.
 // Each entry carries per-transport keys (a verbs MR, a UCX memory handle), made on first use
-// by the factory the transport added and destroyed with the entry, and, when the range lies in
+// by the transport's factory (TransportInstance::key_factory, which the communicator adds and
+// removes) and destroyed with the entry or the factory, and, when the range lies in
 // ncclMemAlloc memory, the memfd and offset that same-host peers map it with.
 //
 // ncclMemAlloc memory is tracked process-wide (alloc_shared, free_shared), and every live cache
