@@ -68,8 +68,10 @@ class UcxConnection final : public Connection {
   };
   enum class RxPhase : uint8_t { kIdle, kHeader, kPayload };
 
-  Status send_msg(const void* buf, size_t bytes, uint64_t tag, SendOp* op, size_t end);
-  Result<void*> post_ucx_recv(void* buf, size_t bytes, uint64_t tag);
+  // `memh`: the memory handle of the registered range holding buf (MemoryKey), or null.
+  Status send_msg(const void* buf, size_t bytes, uint64_t tag, SendOp* op, size_t end,
+                  ucp_mem_h memh = nullptr);
+  Result<void*> post_ucx_recv(void* buf, size_t bytes, uint64_t tag, ucp_mem_h memh = nullptr);
   bool progress_sends();
   bool progress_recvs();
   // The header of the front receive arrived (`length` bytes): checks it, completes an inline
