@@ -117,6 +117,7 @@ void PeerLink::post_send(SendRequest* req) {
     c->req.buf = base + off;
     c->req.memfd = req->memfd;
     if (c->req.memfd.fd >= 0) c->req.memfd.offset += off;
+    c->req.key = req->key;
     c->req.tag = req->tag;
     c->req.tag.set_chunk(static_cast<uint32_t>(i), i + 1 == n_chunks);
     c->req.posted_ns = req->posted_ns;
@@ -253,6 +254,7 @@ bool PeerLink::post_chunk(size_t p, PendingRecv* pending, const MsgTag& tag, uin
   c->req.dst = static_cast<std::byte*>(req->dst) + off;
   c->req.reduce = req->reduce;
   c->req.elem_size = req->elem_size;
+  c->req.key = req->key;
   c->req.src = req->reduce == nullptr ? nullptr
                : static_cast<const std::byte*>(req->src != nullptr ? req->src : req->dst) + off;
   c->req.posted_ns = now_ns();

@@ -21,6 +21,7 @@
 #include "common/clock.h"
 #include "common/status.h"
 #include "net/auth.h"
+#include "transports/registration_key.h"
 #include "transports/transport.h"
 
 namespace chorus {
@@ -87,6 +88,12 @@ class TransportInstance {
   // by `deadline`; an error names the peers still missing.
   virtual Result<ConnectionTable> connect(const std::vector<EndpointInfo>& all,
                                           const std::vector<int>& peers, Deadline deadline) = 0;
+  // The factory of this transport's keys for registered memory (registration_key.h), or an
+  // empty function when it uses none. Asked once, after open(); core adds it to the
+  // communicator's registration cache and removes it, destroying every key it made, after the
+  // connections are closed and before this instance is destroyed. The factory runs on the
+  // thread driving the communicator; keys may be destroyed on another (one deregistering).
+  virtual KeyFactory key_factory() { return {}; }
 };
 
 // Link figures used to choose among transports that reach a peer (microseconds, GB/s). A

@@ -77,6 +77,8 @@ static_assert(sizeof(MsgTag) == 24);
 // "AllReduce #12 (count 1024, float, sum)".
 std::string describe_tag(const MsgTag& tag);
 
+class RegistrationKey;  // transports/registration_key.h
+
 struct Request {
   enum : uint32_t { kPending = 0, kDone = 1, kFailed = 2 };
   std::atomic<uint32_t> state{kPending};
@@ -89,6 +91,10 @@ struct Request {
   // into chunks and for the chunks themselves, 0 otherwise.
   int64_t posted_ns = 0;
   int64_t done_ns = 0;
+  // Set when the buffer (a send's buf, a receive's dst) lies in memory registered with the
+  // communicator: the key this connection's transport made for that registration (its factory,
+  // TransportInstance::key_factory), valid until the request completes. Null otherwise.
+  const RegistrationKey* key = nullptr;
 
   bool done() const { return state.load(std::memory_order_acquire) != kPending; }
   bool failed() const { return state.load(std::memory_order_acquire) == kFailed; }

@@ -139,15 +139,15 @@ Task run_collective(OpContext& ctx, CollCall call) {
 
 Task run_op(Comm& comm, Op& op) {
   if (op.is_internal()) {
-    OpContext ctx(comm, op.calls().front().tag, &op.shared);
+    OpContext ctx(comm, op.calls().front().tag, &op);
     co_return co_await op.body()(ctx);
   }
   if (op.p2p_batch()) {
-    OpContext ctx(comm, op.calls().front().tag, &op.shared);
+    OpContext ctx(comm, op.calls().front().tag, &op);
     co_return co_await send_recv_batch(ctx, op.calls());
   }
   const CollCall& call = op.calls().front();
-  OpContext ctx(comm, call.tag, &op.shared);
+  OpContext ctx(comm, call.tag, &op);
   co_return co_await run_collective(ctx, call);
 }
 

@@ -196,7 +196,15 @@ Status Comm::pin_buffers(Op& op) {
       op.pins.push_back(std::move(pin));
     }
   }
+  if (key_slots_ > 0) op.pin_keys.assign(op.pins.size() * key_slots_, Op::PinKey{});
   return Status();
+}
+
+void Comm::note_key_error(const Status& why) {
+  if (key_error_logged_) return;
+  key_error_logged_ = true;
+  CHORUS_WARN(kNet, "{}; transfers from that memory go without the transport's key (logged once "
+              "per communicator)", why.message());
 }
 
 void Comm::finish_op(Op& op, Status status) {
@@ -212,6 +220,7 @@ void Comm::finish_op(Op& op, Status status) {
   }
   op.fibers.reset();
   op.shared.clear();
+  op.pin_keys.clear();
   op.pins.clear();  // after the fibers: no transfer reads the buffers any more
   // The queue's reference may be the last one: keep the op alive until we are done with it.
   std::shared_ptr<Op> keep;
@@ -346,7 +355,13 @@ void Comm::shutdown() {
   std::lock_guard<std::mutex> drive(drive_mutex_);
   close_connections();
   conns_.clear();
+  // Keys may use their transport's resources (a context, a protection domain): they go
+  // before the instances.
+  for (const OpenTransport& t : open_)
+    if (t.key_slot >= 0) registrations_.remove_key_factory(t.key_slot);
   open_.clear();
+  key_slot_.clear();
+  key_slots_ = 0;
   rendezvous_.reset();
   scratch_.clear();
   scratch_bytes_.clear();

@@ -167,8 +167,15 @@ class Comm : public std::enable_shared_from_this<Comm> {
       RegistrationCache::OnMiss miss = RegistrationCache::OnMiss::kEmptyPin) {
     return registrations_.pin(p, bytes, what, miss);
   }
-  // Where transports add their key factories (RegistrationCache::add_key_factory).
   RegistrationCache& registrations() { return registrations_; }
+  // The slot of the key factory of the transport that carries traffic to `peer` in
+  // registrations() (RegistrationPin::key), or -1 when that transport makes no keys. Slots are
+  // 0 .. key_slots() - 1.
+  int key_slot(int peer) const { return key_slot_[peer]; }
+  int key_slots() const { return key_slots_; }
+  // A transport could not make its key for registered memory (drive lock): logged once per
+  // communicator; the transfer goes without it.
+  void note_key_error(const Status& why);
 
   // Closes every connection and frees transport resources (drive lock is taken). Idempotent.
   void shutdown();
@@ -209,8 +216,11 @@ class Comm : public std::enable_shared_from_this<Comm> {
   struct OpenTransport {
     const TransportDesc* desc = nullptr;
     std::unique_ptr<TransportInstance> instance;
+    int key_slot = -1;  // of its key factory in registrations_, if it has one
   };
   std::vector<OpenTransport> open_;
+  std::vector<int> key_slot_;  // [peer]: key_slot of transport_[peer], or -1
+  int key_slots_ = 0;
   UniqueFd rendezvous_;
 
   std::atomic<State> state_{State::kInitializing};
@@ -239,6 +249,7 @@ class Comm : public std::enable_shared_from_this<Comm> {
     algo::Choice choice;
   };
   ChoiceSlot choices_[64];           // drive lock
+  bool key_error_logged_ = false;    // drive lock
   std::vector<std::unique_ptr<char[]>> scratch_;
   std::vector<size_t> scratch_bytes_;
 
@@ -249,7 +260,7 @@ class Comm : public std::enable_shared_from_this<Comm> {
   };
   mutable std::mutex redop_mutex_;
   std::vector<PremulOp> premul_;
-  // Transports that add key factories remove them when shutdown() closes them.
+  // The open transports' key factories are added at setup and removed by shutdown().
   RegistrationCache registrations_{[this] { return describe(); }};
 };
 

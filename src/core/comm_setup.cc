@@ -175,7 +175,11 @@ void Comm::open_transports(PeerInfo* me) {
       continue;
     }
     me->blobs.push_back(PeerInfo::Blob{desc->name, std::move(blob)});
-    open_.push_back(OpenTransport{desc, std::move(opened).value()});
+    OpenTransport& t = open_.emplace_back(OpenTransport{desc, std::move(opened).value()});
+    if (KeyFactory make = t.instance->key_factory()) {
+      t.key_slot = registrations_.add_key_factory(desc->name, std::move(make));
+      key_slots_ = t.key_slot + 1;
+    }
   }
 }
 
@@ -313,6 +317,11 @@ Status Comm::connect_transports(const std::vector<PeerInfo>& infos) {
                             conns.size(), peers.size());
     }
     for (size_t i = 0; i < peers.size(); ++i) conns_[peers[i]] = std::move(conns[i]);
+  }
+  key_slot_.assign(nranks(), -1);
+  for (const OpenTransport& t : open_) {
+    for (int r = 0; r < nranks(); ++r)
+      if (transport_[r] == t.desc) key_slot_[r] = t.key_slot;
   }
   // Chunks are whole pages: every element size divides them, in any transport's framing.
   const size_t chunk_bytes = static_cast<size_t>(params::kPathChunkBytes.get()) / 4096 * 4096;

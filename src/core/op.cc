@@ -73,9 +73,9 @@ void Op::complete(Status status) {
   done_.store(1, std::memory_order_release);
 }
 
-OpContext::OpContext(Comm& comm, const MsgTag& tag, const std::vector<SharedRange>* shared)
+OpContext::OpContext(Comm& comm, const MsgTag& tag, Op* op)
     : comm_(comm),
-      shared_(shared != nullptr && !shared->empty() ? shared : nullptr),
+      pinned_(op != nullptr && !op->pins.empty() ? op : nullptr),
       rank_(comm.rank()),
       nranks_(comm.nranks()),
       channels_(comm.channels()),
@@ -85,6 +85,33 @@ void OpContext::post(Request& req, int peer, size_t bytes, const MsgTag& tag) {
   req.peer = peer;
   req.bytes = bytes;
   req.tag = tag;
+  req.key = nullptr;
+}
+
+const RegistrationKey* OpContext::key_for(const void* p, size_t bytes, int peer) {
+  if (bytes == 0 || pinned_->pin_keys.empty()) return nullptr;
+  const int slot = comm_.key_slot(peer);
+  if (slot < 0) return nullptr;
+  const auto begin = reinterpret_cast<uintptr_t>(p);
+  std::vector<RegistrationPin>& pins = pinned_->pins;
+  for (size_t i = 0; i < pins.size(); ++i) {
+    const RegisteredRange& range = pins[i].range();
+    const auto base = reinterpret_cast<uintptr_t>(range.base);
+    if (begin < base || begin - base > range.bytes || bytes > range.bytes - (begin - base))
+      continue;
+    Op::PinKey& k = pinned_->pin_keys[i * static_cast<size_t>(comm_.key_slots()) + slot];
+    if (!k.looked_up) {
+      k.looked_up = true;
+      Result<RegistrationKey*> key = pins[i].key(slot);
+      if (key.ok()) {
+        k.key = *key;
+      } else {
+        comm_.note_key_error(key.status());
+      }
+    }
+    return k.key;
+  }
+  return nullptr;
 }
 
 void OpContext::name_message(Request& req, int peer, int channel, bool send) {
@@ -107,14 +134,15 @@ void OpContext::send_tagged(SendRequest& req, int peer, int channel, const void*
   name_message(req, peer, channel, true);
   req.buf = buf;
   req.memfd = MemfdLocation{};
-  if (shared_ != nullptr) {
+  if (pinned_ != nullptr) {
     const auto begin = reinterpret_cast<uintptr_t>(buf);
-    for (const SharedRange& r : *shared_) {
+    for (const SharedRange& r : pinned_->shared) {
       if (begin < r.begin || begin + bytes > r.end) continue;
       req.memfd = r.memfd;
       req.memfd.offset += begin - r.begin;
       break;
     }
+    req.key = key_for(buf, bytes, peer);
   }
   PeerLink* link = comm_.link(peer);
   link->post_send(&req);
@@ -127,6 +155,7 @@ void OpContext::recv_tagged(RecvRequest& req, int peer, int channel, void* dst, 
   name_message(req, peer, channel, false);
   req.dst = dst;
   req.reduce = nullptr;
+  if (pinned_ != nullptr) req.key = key_for(dst, bytes, peer);
   PeerLink* link = comm_.link(peer);
   link->post_recv(&req);
   comm_.activate(link);
@@ -140,6 +169,7 @@ void OpContext::recv_reduce(RecvRequest& req, int peer, int channel, void* dst, 
   req.src = src;
   req.reduce = fn;
   req.elem_size = elem_size;
+  if (pinned_ != nullptr) req.key = key_for(dst, bytes, peer);
   PeerLink* link = comm_.link(peer);
   link->post_recv(&req);
   comm_.activate(link);

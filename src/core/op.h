@@ -103,6 +103,13 @@ class Op {
   std::vector<RegistrationPin> pins;
   std::vector<SharedRange> shared;
   std::string pin_label;  // what the pins name in errors
+  // The transports' keys of the pins, [pin * Comm::key_slots() + slot] (empty when no
+  // transport makes keys), looked up when a transfer first needs one; null: none.
+  struct PinKey {
+    const RegistrationKey* key = nullptr;
+    bool looked_up = false;
+  };
+  std::vector<PinKey> pin_keys;
   int64_t last_progress_ns = 0;  // now_coarse_ns()
   bool started = false;
   uint64_t record_id = 0;  // its entry in the comm's flight recorder
@@ -150,8 +157,9 @@ class RequestArray {
 // What an algorithm sees: the comm, its rank, and helpers to post and await transfers.
 class OpContext {
  public:
-  // `shared`: the op's buffers in shared memory (null: none), consulted by send().
-  OpContext(Comm& comm, const MsgTag& tag, const std::vector<SharedRange>* shared = nullptr);
+  // `op`: the operation run (null: none), whose registered buffers (Op::pins) give posted
+  // requests their memfd (sends) and their transport's key (Request::key).
+  OpContext(Comm& comm, const MsgTag& tag, Op* op = nullptr);
 
   Comm& comm() const { return comm_; }
   int rank() const { return rank_; }
@@ -192,9 +200,12 @@ class OpContext {
   // the how-manieth message of this operation to (or from) `peer` on that lane, counted alike
   // on both sides since each algorithm posts in the same order per peer and channel.
   void name_message(Request& req, int peer, int channel, bool send);
+  // The key of the transport to `peer` for the pinned registration holding [p, p + bytes), or
+  // null (pinned_ set).
+  const RegistrationKey* key_for(const void* p, size_t bytes, int peer);
   Comm& comm_;
   std::vector<uint8_t> ordinals_;  // [2 * (peer * channels + channel) + send], made on first use
-  const std::vector<SharedRange>* shared_;
+  Op* pinned_;  // the op when it pins registrations, else null
   int rank_;
   int nranks_;
   int channels_;

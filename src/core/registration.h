@@ -14,7 +14,8 @@
 //    are evicted least recently used first once the registered bytes exceed the limit
 //    (CHORUS_REG_CACHE_BYTES). They span whole pages.
 // Each entry carries per-transport keys (a verbs MR, a UCX memory handle), made on first use
-// by the factory the transport added and destroyed with the entry, and, when the range lies in
+// by the transport's factory (TransportInstance::key_factory, which the communicator adds and
+// removes) and destroyed with the entry or the factory, and, when the range lies in
 // ncclMemAlloc memory, the memfd and offset that same-host peers map it with.
 //
 // ncclMemAlloc memory is tracked process-wide (alloc_shared, free_shared), and every live cache
@@ -41,11 +42,14 @@
 #include <vector>
 
 #include "common/status.h"
+#include "transports/registration_key.h"
 #include "transports/transport.h"
 
 namespace chorus {
 
-// Where a range of ncclMemAlloc memory lives: MemfdLocation (transports/transport.h).
+// Where a range of ncclMemAlloc memory lives: MemfdLocation (transports/transport.h). What
+// transports keep for a range: RegistrationKey, RegisteredRange, KeyFactory
+// (transports/registration_key.h).
 
 // ---- ncclMemAlloc memory (process-wide) ----
 // `bytes` (> 0) rounded up to pages, memfd-backed and mapped shared.
@@ -56,22 +60,6 @@ Status free_shared(void* p);
 // Where [p, p + bytes) lies when it is inside one alloc_shared allocation (the fd is valid
 // until that allocation is freed).
 std::optional<MemfdLocation> find_shared(const void* p, size_t bytes);
-
-// What a transport keeps for one registered range (a verbs MR, a UCX memory handle).
-class RegistrationKey {
- public:
-  virtual ~RegistrationKey() = default;
-};
-
-struct RegisteredRange {
-  const void* base = nullptr;
-  size_t bytes = 0;
-  std::optional<MemfdLocation> memfd;  // of base; held open while the entry exists
-};
-
-// Makes a transport's key for a range (called with the cache locked, at most once per entry).
-using KeyFactory =
-    std::function<Result<std::unique_ptr<RegistrationKey>>(const RegisteredRange& range)>;
 
 struct SharedAllocation;  // one alloc_shared allocation
 class RegistrationPin;

@@ -116,6 +116,13 @@ TEST_CASE("multi-process matrix on host streams over UCX (tcp) with 3 ranks", "[
 TEST_CASE("AllReduce is bit-identical on every rank over UCX (tcp) with 3 ranks", "[mp][ucx]") {
   if (have_ucx()) run_workers(3, "UCX", "identical", kUcxTcp);
 }
+// Registered ncclMemAlloc buffers: their transfers carry UCP memory handles (counted in
+// tests/ranks/ucx_registration_test.cc).
+TEST_CASE("multi-process matrix over UCX (tcp), registered buffers", "[mp][ucx][reg]") {
+  std::vector<std::string> env = kUcxTcp;
+  env.push_back("CHORUS_TEST_REGISTERED=1");
+  if (have_ucx()) run_workers(2, "UCX", "matrix", env);
+}
 TEST_CASE("multi-process matrix over UCX (shared memory) with 2 ranks", "[mp][ucx]") {
   if (have_ucx()) run_workers(2, "UCX", "matrix", kUcxShm);
 }

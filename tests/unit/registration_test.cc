@@ -315,6 +315,60 @@ TEST_CASE("transport keys: made once per entry on first use, destroyed with it",
   }
 }
 
+TEST_CASE("transport keys: a pin gets the key of its registration, made for the whole range",
+          "[unit][reg]") {
+  int live = 0;
+  std::vector<RegisteredRange> seen;
+  RegistrationCache cache(label);
+  int slot = cache.add_key_factory("fake", [&](const RegisteredRange& range)
+                                               -> Result<std::unique_ptr<RegistrationKey>> {
+    seen.push_back(range);
+    return std::unique_ptr<RegistrationKey>(std::make_unique<FakeKey>(&live));
+  });
+  PlainBuffer buf(2);
+  Result<void*> other = cache.register_range(buf.p + kPage, kPage);
+  Result<void*> first = cache.register_range(buf.p + 256, 512);  // [256, 768)
+  REQUIRE((first.ok() && other.ok()));
+  {
+    // Every pin of a part of one range shares its key; another range has its own.
+    Result<RegistrationPin> a = cache.pin(buf.p + 256, 8, "op");
+    Result<RegistrationPin> b = cache.pin(buf.p + 700, 68, "op");
+    Result<RegistrationPin> c = cache.pin(buf.p + kPage + 8, 8, "op");
+    REQUIRE((a.ok() && b.ok() && c.ok()));
+    Result<RegistrationKey*> ka = a->key(slot);
+    Result<RegistrationKey*> kb = b->key(slot);
+    Result<RegistrationKey*> kc = c->key(slot);
+    REQUIRE((ka.ok() && kb.ok() && kc.ok()));
+    CHECK(*ka == *kb);
+    CHECK(*ka != *kc);
+    REQUIRE(seen.size() == 2);
+    CHECK(seen[0].base == buf.p + 256);
+    CHECK(seen[0].bytes == 512);
+    CHECK(seen[1].base == buf.p + kPage);
+    CHECK(seen[1].bytes == kPage);
+  }
+  CHECK(live == 2);  // unpinned, still registered: kept for the next operation
+  REQUIRE(cache.deregister(*first).ok());
+  CHECK(live == 1);
+  // A retired slot makes no more keys; a factory added later gets a slot of its own.
+  cache.remove_key_factory(slot);
+  CHECK(live == 0);
+  cache.remove_key_factory(slot);  // twice: nothing left to do
+  int again = cache.add_key_factory("fake", [&](const RegisteredRange&)
+                                                -> Result<std::unique_ptr<RegistrationKey>> {
+    return std::unique_ptr<RegistrationKey>(std::make_unique<FakeKey>(&live));
+  });
+  CHECK(again != slot);
+  Result<RegistrationPin> pin = cache.pin(buf.p + kPage, 8, "op");
+  REQUIRE((pin.ok() && *pin));
+  CHECK(pin->key(slot).status().code() == Code::kInternalError);
+  CHECK(pin->key(again).ok());
+  CHECK(seen.size() == 2);
+  pin->reset();
+  REQUIRE(cache.deregister(*other).ok());
+  CHECK(live == 0);
+}
+
 TEST_CASE("ncclMemAlloc memory has a memfd, malloc'ed memory has none", "[unit][reg]") {
   Result<void*> alloc = alloc_shared(kPage + 1);  // rounded up to two pages
   REQUIRE(alloc.ok());

@@ -29,6 +29,7 @@
 #include "net/auth.h"
 #include "transports/registry.h"
 #include "transports/ucx/ucx_transport.h"
+#include "transports/ucx/ucx_worker.h"
 
 namespace chorus::ucx {
 namespace {
@@ -653,6 +654,91 @@ TEST_CASE("ucx: UCX_TLS=sm,self between ranks of one host: endpoints without fai
     INFO("bytes " << bytes);
     exchange_both_ways(g, bytes);
   }
+}
+
+TEST_CASE("ucx: registered memory goes with its UCP memory handle", "[unit][ucx][reg]") {
+  // The handle is what UCX's rendezvous protocols would otherwise look up (or register) per
+  // message; over tcp and sm it must at least be accepted and leave the data intact.
+  const std::string tls = GENERATE(as<std::string>{}, "tcp,self", "sm,self");
+  INFO("UCX_TLS=" << tls);
+  GroupSpec spec;
+  spec.options = options_for(tls, 64 << 10);  // 17 payload messages per 1 MiB + 3 bytes
+  Group g = make_group(spec);
+  const size_t bytes = (size_t{1} << 20) + 3;
+  const size_t chunks = (bytes + (64 << 10) - 1) / (64 << 10);
+  std::vector<uint8_t> a = pattern(bytes, 3), b = pattern(bytes, 4);
+  std::vector<uint8_t> at0(bytes + 64, 0xee), at1(bytes + 64, 0xee);
+  const MemhStats before = memh_stats();
+
+  // Each rank's factory maps whole ranges; a send or receive inside one passes its handle.
+  std::vector<std::unique_ptr<RegistrationKey>> keys;
+  auto key_for = [&](int rank, const void* base, size_t n) {
+    KeyFactory make = g.inst[rank]->key_factory();
+    REQUIRE(make);
+    Result<std::unique_ptr<RegistrationKey>> key = make(RegisteredRange{base, n, std::nullopt});
+    REQUIRE(key.ok());
+    ucp_mem_attr_t attr{};
+    attr.field_mask = UCP_MEM_ATTR_FIELD_ADDRESS | UCP_MEM_ATTR_FIELD_LENGTH;
+    REQUIRE(ucp_mem_query(static_cast<MemoryKey*>(key->get())->memh(), &attr) == UCS_OK);
+    CHECK(attr.address == base);
+    CHECK(attr.length >= n);
+    keys.push_back(std::move(key).value());
+    return keys.back().get();
+  };
+  MsgTag tag = tag_of(CollKind::kSendRecv, 1, bytes);
+  SendRequest s0, s1;
+  RecvRequest r0, r1;
+  init(&s0, a.data(), bytes, tag);
+  init(&s1, b.data(), bytes, tag);
+  init(&r0, at0.data() + 64, bytes, tag);  // inside the registered range, not at its start
+  init(&r1, at1.data() + 64, bytes, tag);
+  s0.key = key_for(0, a.data(), bytes);
+  r0.key = key_for(0, at0.data(), at0.size());
+  s1.key = key_for(1, b.data(), bytes);
+  r1.key = key_for(1, at1.data(), at1.size());
+  CHECK(memh_stats().mapped - before.mapped == 4);
+  bool ok1 = false;
+  std::thread t([&] { ok1 = drive(g.get(1, 0), {&s1}, {&r1}); });
+  bool ok0 = drive(g.get(0, 1), {&s0}, {&r0});
+  t.join();
+  REQUIRE(ok0);
+  REQUIRE(ok1);
+  CHECK_FALSE(s0.failed());
+  CHECK_FALSE(s1.failed());
+  CHECK_FALSE(r0.failed());
+  CHECK_FALSE(r1.failed());
+  CHECK(std::equal(b.begin(), b.end(), at0.begin() + 64));
+  CHECK(std::equal(a.begin(), a.end(), at1.begin() + 64));
+  const MemhStats after = memh_stats();
+  CHECK(after.sends - before.sends == 2 * chunks);
+  CHECK(after.recvs - before.recvs == 2 * chunks);
+
+  // A reducing receive lands in the transport's bounce buffer: its key is not used.
+  std::vector<float> mine(bytes / 4, 0.25f), incoming(bytes / 4, 1.5f), out(bytes / 4);
+  MsgTag ftag = tag_of(CollKind::kAllReduce, 2, mine.size(), DataType::kFloat32);
+  SendRequest s;
+  init(&s, incoming.data(), mine.size() * 4, ftag);
+  s.key = key_for(1, incoming.data(), mine.size() * 4);
+  RecvRequest r;
+  init(&r, out.data(), mine.size() * 4, ftag);
+  r.src = mine.data();
+  r.reduce = kernels::reduce_fn(DataType::kFloat32, kernels::ReduceOp::kSum);
+  r.elem_size = 4;
+  r.key = key_for(0, out.data(), mine.size() * 4);
+  bool sent = false;
+  std::thread t2([&] { sent = drive(g.get(1, 0), {&s}, {}); });
+  bool received = drive(g.get(0, 1), {}, {&r});
+  t2.join();
+  REQUIRE(sent);
+  REQUIRE(received);
+  CHECK_FALSE(r.failed());
+  CHECK(std::all_of(out.begin(), out.end(), [](float v) { return v == 1.75f; }));
+  CHECK(memh_stats().sends - after.sends == (mine.size() * 4 + (64 << 10) - 1) / (64 << 10));
+  CHECK(memh_stats().recvs == after.recvs);
+
+  // Releasing a key unmaps its handle (no operation was left in flight).
+  keys.clear();
+  CHECK(memh_stats().unmapped - before.unmapped == 6);
 }
 
 TEST_CASE("ucx: UCX_TLS=sm,self cannot reach a peer on another host: connect fails clearly",

@@ -20,6 +20,18 @@ constexpr int kCloseDrainMs = 200;  // destructor: the same, before forcing the 
 
 bool in_progress(void* req) { return ucp_request_check_status(req) == UCS_INPROGRESS; }
 
+// The memory handle a request's buffer goes with. Core sets Request::key only to a key of this
+// connection's transport, i.e. one made by UcxInstance's factory: a MemoryKey.
+ucp_mem_h memh_of(const Request& req) {
+  return req.key != nullptr ? static_cast<const MemoryKey*>(req.key)->memh() : nullptr;
+}
+
+void set_memh(ucp_request_param_t* param, ucp_mem_h memh) {
+  if (memh == nullptr) return;
+  param->op_attr_mask |= UCP_OP_ATTR_FIELD_MEMH;
+  param->memh = memh;
+}
+
 }  // namespace
 
 UcxConnection::UcxConnection(const ConnectionSetup& setup)
@@ -65,8 +77,9 @@ UcxConnection::~UcxConnection() {
   }
   if (done) return;
   CHORUS_WARN(kNet, "ucx: rank {}: {} UCX operation(s) with {} on channel {} did not finish; "
-              "their buffers are kept until the worker goes",
+              "their buffers (and memory handles) are kept until the worker goes",
               my_rank_, aux_.size(), peer_->label, channel());
+  worker_->abandon_requests();
   for (Aux& a : aux_) {
     ucp_request_free(a.req);  // released by UCX once it completes
     worker_->bury(std::move(a.buf));
@@ -80,9 +93,10 @@ UcxConnection::~UcxConnection() {
 // ---- Posting --------------------------------------------------------------------------------
 
 Status UcxConnection::send_msg(const void* buf, size_t bytes, uint64_t tag, SendOp* op,
-                               size_t end) {
+                               size_t end, ucp_mem_h memh) {
   if (peer_->ep == nullptr || peer_->failed()) return peer_error();
   ucp_request_param_t param{};
+  set_memh(&param, memh);
   ucs_status_ptr_t r = ucp_tag_send_nbx(peer_->ep, buf, bytes, tag, &param);
   if (UCS_PTR_IS_ERR(r)) {
     if (peer_->failed()) return peer_error();
@@ -91,19 +105,23 @@ Status UcxConnection::send_msg(const void* buf, size_t bytes, uint64_t tag, Send
                         ucs_status_string(UCS_PTR_STATUS(r)));
   }
   if (r != nullptr) op->pending.emplace_back(r, end);
+  if (memh != nullptr) count_memh_message(true);
   return ok_status();
 }
 
-Result<void*> UcxConnection::post_ucx_recv(void* buf, size_t bytes, uint64_t tag) {
+Result<void*> UcxConnection::post_ucx_recv(void* buf, size_t bytes, uint64_t tag,
+                                           ucp_mem_h memh) {
   ucp_request_param_t param{};
   // Always a request to test: in UCX 1.13 an immediate completion does not report the length.
   param.op_attr_mask = UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
+  set_memh(&param, memh);
   ucs_status_ptr_t r =
       ucp_tag_recv_nbx(worker_->handle(), buf, bytes, tag, ~ucp_tag_t{0}, &param);
   if (UCS_PTR_IS_ERR(r) || r == nullptr) {
     return make_status(Code::kSystemError, "ucx: rank {} could not post a receive from {}: {}",
                        my_rank_, peer_->label, ucs_status_string(UCS_PTR_STATUS(r)));
   }
+  if (memh != nullptr) count_memh_message(false);
   return static_cast<void*>(r);
 }
 
@@ -136,9 +154,10 @@ void UcxConnection::post_send(SendRequest* req) {
   sends_.push_back(std::move(op));
   Status st = send_msg(raw->msg.data(), raw->msg.size(), out_header_tag_, raw, 0);
   const auto* payload = static_cast<const uint8_t*>(req->buf);
+  const ucp_mem_h memh = inline_payload ? nullptr : memh_of(*req);
   for (size_t off = 0; st.ok() && !inline_payload && off < req->bytes; off += chunk_bytes_) {
     size_t n = std::min(chunk_bytes_, req->bytes - off);
-    st = send_msg(payload + off, n, out_payload_tag_, raw, off + n);
+    st = send_msg(payload + off, n, out_payload_tag_, raw, off + n, memh);
   }
   if (!st.ok()) fail_all(std::move(st), false);
 }
@@ -343,6 +362,8 @@ bool UcxConnection::on_header(RecvRequest* req, size_t length) {
 bool UcxConnection::progress_payload(RecvRequest* req, bool* moved) {
   const bool reducing = req->reduce != nullptr;
   const size_t window = reducing ? 2 : kWindow;
+  // Chunks of a reducing receive land in our bounce buffer, which the key does not cover.
+  const ucp_mem_h memh = reducing ? nullptr : memh_of(*req);
   const size_t half = std::min(rx_chunk_, req->bytes);
   auto* dst = static_cast<uint8_t*>(req->dst);
   const auto* src = static_cast<const uint8_t*>(req->src != nullptr ? req->src : req->dst);
@@ -351,7 +372,7 @@ bool UcxConnection::progress_payload(RecvRequest* req, bool* moved) {
       size_t off = rx_posted_ * rx_chunk_;
       size_t n = std::min(rx_chunk_, req->bytes - off);
       uint8_t* into = reducing ? bounce_.data() + (rx_posted_ % 2) * half : dst + off;
-      auto r = post_ucx_recv(into, n, in_payload_tag_);
+      auto r = post_ucx_recv(into, n, in_payload_tag_, memh);
       if (!r.ok()) {
         fail_all(r.take_status(), true);
         return false;

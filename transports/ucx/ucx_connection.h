@@ -70,8 +70,10 @@ class UcxConnection final : public Connection {
   // kArrived: a header is in rx_header_ (checked for framing), not yet matched to a receive.
   enum class RxPhase : uint8_t { kIdle, kHeader, kArrived, kPayload };
 
-  Status send_msg(const void* buf, size_t bytes, uint64_t tag, SendOp* op, size_t end);
-  Result<void*> post_ucx_recv(void* buf, size_t bytes, uint64_t tag);
+  // `memh`: the memory handle of the registered range holding buf (MemoryKey), or null.
+  Status send_msg(const void* buf, size_t bytes, uint64_t tag, SendOp* op, size_t end,
+                  ucp_mem_h memh = nullptr);
+  Result<void*> post_ucx_recv(void* buf, size_t bytes, uint64_t tag, ucp_mem_h memh = nullptr);
   bool progress_sends();
   bool progress_recvs();
   // Posts the receive of the next header message if none is, and tests it: true once a header

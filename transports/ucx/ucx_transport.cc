@@ -81,6 +81,16 @@ class UcxInstance final : public TransportInstance {
   Result<ConnectionTable> connect(const std::vector<EndpointInfo>& all,
                                   const std::vector<int>& peers, Deadline deadline) override;
 
+  // A registered range's UCP memory handle (MemoryKey). The factory and its keys hold the
+  // worker; core releases them before this instance.
+  KeyFactory key_factory() override {
+    return [worker = worker_](const RegisteredRange& range)
+               -> Result<std::unique_ptr<RegistrationKey>> {
+      CHORUS_ASSIGN_OR_RETURN(ucp_mem_h memh, worker->map(range.base, range.bytes));
+      return std::unique_ptr<RegistrationKey>(new MemoryKey(worker, memh));
+    };
+  }
+
   std::string lanes(int peer) const {
     for (const auto& p : worker_->peers())
       if (p->rank == peer) return ep_lanes(p->ep);
@@ -404,6 +414,7 @@ void register_transport() {
                  "(CHORUS_TRANSPORT=UCX) or measured in the tuner file",
       .caps = {
           .reach = TransportCaps::Reach::kAnyHost,
+          .registration = true,  // UCP memory handles of registered ranges (key_factory)
           .reduce_on_receive = true,
           .opt_in = true,  // a UCP context (threads, fds) in every process: only when forced
       },

@@ -61,6 +61,11 @@ void on_ep_error(void* arg, ucp_ep_h ep, ucs_status_t status) {
 
 std::mutex g_contexts_mutex;
 
+struct MemhCounters {
+  std::atomic<uint64_t> mapped{0}, unmapped{0}, sends{0}, recvs{0};
+};
+MemhCounters g_memh;
+
 // The process that loaded the library (and with it UCX): a different getpid() later means a
 // child forked from it.
 const pid_t g_loaded_pid = getpid();
@@ -420,6 +425,10 @@ Worker::~Worker() {
   ucp_worker_destroy(worker_);
   worker_ = nullptr;
   graveyard_.clear();  // nothing can write into these any more
+  for (ucp_mem_h memh : buried_memh_) {
+    ucp_mem_unmap(context_->handle(), memh);
+    g_memh.unmapped.fetch_add(1, std::memory_order_relaxed);
+  }
 }
 
 // Messages nobody will receive. UCX would otherwise warn about each one when the worker goes.
@@ -552,6 +561,44 @@ void Worker::force_close(Peer* peer, std::string reason) {
 
 void Worker::bury(std::vector<uint8_t> buf) {
   if (!buf.empty()) graveyard_.push_back(std::move(buf));
+}
+
+Result<ucp_mem_h> Worker::map(const void* p, size_t bytes) {
+  ucp_mem_map_params_t params{};
+  params.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH;
+  params.address = const_cast<void*>(p);
+  params.length = bytes;
+  ucp_mem_h memh = nullptr;
+  ucs_status_t st = ucp_mem_map(context_->handle(), &params, &memh);
+  if (st != UCS_OK) {
+    return make_status(Code::kSystemError, "ucx: {}: ucp_mem_map of {} bytes at {} failed: {}",
+                       label_, bytes, p, ucs_status_string(st));
+  }
+  g_memh.mapped.fetch_add(1, std::memory_order_relaxed);
+  return memh;
+}
+
+void Worker::unmap(ucp_mem_h memh) {
+  if (abandoned_.load(std::memory_order_acquire)) {
+    std::lock_guard<std::mutex> lock(memh_mutex_);
+    buried_memh_.push_back(memh);
+    return;
+  }
+  ucs_status_t st = ucp_mem_unmap(context_->handle(), memh);
+  if (st != UCS_OK)
+    CHORUS_WARN(kNet, "ucx: {}: ucp_mem_unmap failed: {}", label_, ucs_status_string(st));
+  g_memh.unmapped.fetch_add(1, std::memory_order_relaxed);
+}
+
+MemhStats memh_stats() {
+  return MemhStats{g_memh.mapped.load(std::memory_order_relaxed),
+                   g_memh.unmapped.load(std::memory_order_relaxed),
+                   g_memh.sends.load(std::memory_order_relaxed),
+                   g_memh.recvs.load(std::memory_order_relaxed)};
+}
+
+void count_memh_message(bool send) {
+  (send ? g_memh.sends : g_memh.recvs).fetch_add(1, std::memory_order_relaxed);
 }
 
 int always_ready_fd() {

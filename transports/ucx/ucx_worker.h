@@ -6,8 +6,10 @@
 
 #include <ucp/api/ucp.h>
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -15,6 +17,7 @@
 
 #include "common/clock.h"
 #include "common/status.h"
+#include "transports/registration_key.h"
 
 namespace chorus::ucx {
 
@@ -103,6 +106,16 @@ class Worker {
   void force_close(Peer* peer, std::string reason);
   // Keeps `buf` alive until the worker is destroyed: UCX may still write into it.
   void bury(std::vector<uint8_t> buf);
+  // A connection gave up waiting for UCX operations and left them in flight (teardown after an
+  // error): memory handles they may use are kept until the worker is destroyed (unmap()).
+  void abandon_requests() { abandoned_.store(true, std::memory_order_release); }
+
+  // Registered memory (MemoryKey). map() makes a UCP memory handle for the caller's memory
+  // [p, p + bytes) (ucp_mem_map, nothing allocated); unmap() releases it at once, or, if
+  // operations were abandoned in flight, when the worker is destroyed. Both may be called from
+  // any thread (UCP's context is thread-safe, mt_workers_shared).
+  Result<ucp_mem_h> map(const void* p, size_t bytes);
+  void unmap(ucp_mem_h memh);
 
  private:
   Worker(std::shared_ptr<Context> context, std::string label)
@@ -129,7 +142,39 @@ class Worker {
   std::vector<void*> closing_;   // endpoint close requests
   std::vector<void*> discards_;  // receives of unexpected messages being dropped
   std::vector<std::vector<uint8_t>> graveyard_;
+  std::atomic<bool> abandoned_{false};
+  std::mutex memh_mutex_;
+  std::vector<ucp_mem_h> buried_memh_;  // guarded by memh_mutex_; unmapped with the worker
 };
+
+// The UCX transport's key for a registered range (transports/registration_key.h): a UCP memory
+// handle of the range, passed with the transfers of buffers inside it (UCP_OP_ATTR_FIELD_MEMH)
+// so that UCX need not look the range up or register it itself. Holds its worker (and so the
+// UCP context) until it is released.
+class MemoryKey final : public RegistrationKey {
+ public:
+  MemoryKey(std::shared_ptr<Worker> worker, ucp_mem_h memh)
+      : worker_(std::move(worker)), memh_(memh) {}
+  ~MemoryKey() override { worker_->unmap(memh_); }
+  MemoryKey(const MemoryKey&) = delete;
+  MemoryKey& operator=(const MemoryKey&) = delete;
+  ucp_mem_h memh() const { return memh_; }
+
+ private:
+  std::shared_ptr<Worker> worker_;
+  ucp_mem_h memh_;
+};
+
+// Process-wide counts of memory handles and of the UCP messages that carried one, so that
+// tests can tell that registered memory really goes with its handle.
+struct MemhStats {
+  uint64_t mapped = 0;
+  uint64_t unmapped = 0;
+  uint64_t sends = 0;  // payload messages sent with a memory handle
+  uint64_t recvs = 0;  // payload messages received with one
+};
+MemhStats memh_stats();
+void count_memh_message(bool send);
 
 // A readable eventfd that nobody drains (the answer to UCS_ERR_BUSY), or -1.
 int always_ready_fd();
