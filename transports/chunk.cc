@@ -49,6 +49,15 @@ bool same_message(const MsgTag& a, const MsgTag& b) {
   return a.seq == b.seq && a.lane() == b.lane() && a.ordinal() == b.ordinal();
 }
 
+// The call `req` was posted for sent this chunk (a receive sized by the sender takes any
+// count).
+bool same_call(const RecvRequest& req, const MsgTag& tag) {
+  if (!req.size_from_sender) return req.tag == tag;
+  MsgTag t = tag;
+  t.count = req.tag.count;
+  return req.tag == t;
+}
+
 }  // namespace
 
 PeerLink::PeerLink(int my_rank, int peer, std::vector<Connection*> paths, size_t chunk_bytes)
@@ -191,7 +200,7 @@ bool PeerLink::match(size_t p) {
   PendingRecv* found = nullptr;
   for (const auto& pr : pending_) {
     if (pr->whole || !same_message(pr->req->tag, tag)) continue;
-    if (pr->req->tag == tag) {
+    if (same_call(*pr->req, tag)) {
       found = pr.get();
       break;
     }
@@ -199,7 +208,7 @@ bool PeerLink::match(size_t p) {
   }
   if (found == nullptr) return false;  // not posted yet: it waits on its path
   RecvRequest* req = found->req;
-  if (req->tag != tag || (tag.chunk() == 0 && tag.last_chunk() && !found->started)) {
+  if (!same_call(*req, tag) || (tag.chunk() == 0 && tag.last_chunk() && !found->started)) {
     // A whole message, or another call than the one posted: the transport takes it as it
     // always did (and names both calls in a mismatch).
     found->whole = true;
@@ -216,7 +225,7 @@ bool PeerLink::post_chunk(size_t p, PendingRecv* pending, const MsgTag& tag, uin
   const uint64_t off = static_cast<uint64_t>(tag.chunk()) * chunk_bytes_;
   if ((!tag.last_chunk() && bytes != chunk_bytes_) || bytes > chunk_bytes_) {
     fail(remote_error("rank {} sent a {}-byte chunk of {} but rank {} cuts messages into "
-                      "{}-byte chunks (CHORUS_CHUNK_BYTES differs between them?)",
+                      "{}-byte chunks (is CHORUS_PATH_CHUNK_BYTES set differently?)",
                       peer_, bytes, describe_tag(tag), my_rank_, chunk_bytes_));
     return true;
   }

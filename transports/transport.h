@@ -3,10 +3,11 @@
 // The transport interface: mechanisms that move bytes between two ranks, no policy.
 //
 // A Connection is one reliable, ordered channel from this rank to one peer (a comm has
-// `channels` of them per peer; route/ will later pick among several paths). Sends and receives
-// posted on a connection are matched in posting order, so both sides must post in the same
-// order: the algorithms guarantee it, and every message carries a MsgTag that the receiver checks
-// so that a rank calling a different collective gets a clear error instead of garbage.
+// `channels` of them per peer: the paths of the chunk layer, transports/chunk.h). A receive
+// posted on a connection takes the next message that arrives on it; peek() shows that message
+// first, so the chunk layer posts the receive it belongs to. Every message carries a MsgTag that
+// the receiver checks, so that a rank calling a different collective gets a clear error instead
+// of garbage.
 //
 // Requests are owned by the caller (they live in coroutine frames) and must stay alive until
 // they complete. Nothing here blocks: progress() moves what it can and returns.

@@ -186,8 +186,14 @@ bool UcxConnection::progress() {
   moved |= progress_sends();
   if (!broken_) moved |= progress_recvs();
   // The peer's farewell and its endpoint's failure are looked at after the data that arrived
-  // before them.
-  if (!broken_ && check_farewell()) {
+  // before them, and only while something waits here: a peer that sent its last message and
+  // went away is no failure while that message waits to be taken (see peek()).
+  if (!broken_ && !idle() && check_gone()) return true;
+  return moved;
+}
+
+bool UcxConnection::check_gone() {
+  if (check_farewell()) {
     if (fw_code_ == Code::kOk) {
       fail_all(remote_error("{} closed its end of ucx channel {} (its communicator went away) {}",
                             peer_->label, channel(), situation()),
@@ -199,11 +205,11 @@ bool UcxConnection::progress() {
              false);
     return true;
   }
-  if (!broken_ && peer_->failed()) {
+  if (peer_->failed()) {
     fail_all(peer_error(), false);
     return true;
   }
-  return moved;
+  return false;
 }
 
 // ---- Sends ----------------------------------------------------------------------------------
@@ -290,7 +296,11 @@ bool UcxConnection::peek(MsgTag* tag, uint64_t* bytes) {
   if (broken_ || !recvs_.empty()) return false;
   bool moved = false;
   worker_->progress();
-  if (!poll_header(nullptr, &moved)) return false;
+  if (!poll_header(nullptr, &moved)) {
+    // Nothing arrived: a peer that has gone will send nothing more.
+    if (!broken_) check_gone();
+    return false;
+  }
   *tag = rx_header_.tag;
   *bytes = rx_header_.bytes;
   return true;
