@@ -115,6 +115,12 @@ const RegistrationKey* OpContext::key_for(const void* p, size_t bytes, int peer)
 }
 
 void OpContext::name_message(Request& req, int peer, int channel, bool send) {
+  // A send or receive call is its own message: its per-pair sequence number names it, however
+  // the calls are grouped on either side.
+  if (req.tag.coll == static_cast<uint8_t>(CollKind::kSendRecv)) {
+    req.tag.set_message(static_cast<uint32_t>(channel), 0);
+    return;
+  }
   if (ordinals_.empty()) ordinals_.assign(static_cast<size_t>(2 * nranks_ * channels_), 0);
   uint8_t& ordinal = ordinals_[2 * (static_cast<size_t>(peer) * channels_ + channel) + (send ? 1 : 0)];
   req.tag.set_message(static_cast<uint32_t>(channel), ordinal++);

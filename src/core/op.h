@@ -198,7 +198,8 @@ class OpContext {
   void post(Request& req, int peer, size_t bytes, const MsgTag& tag);
   // Names the message in req.tag for the chunk layer: its lane (`channel`) and its ordinal,
   // the how-manieth message of this operation to (or from) `peer` on that lane, counted alike
-  // on both sides since each algorithm posts in the same order per peer and channel.
+  // on both sides since each algorithm posts in the same order per peer and channel (0 for a
+  // send or receive call, which its sequence number names).
   void name_message(Request& req, int peer, int channel, bool send);
   // The key of the transport to `peer` for the pinned registration holding [p, p + bytes), or
   // null (pinned_ set).
