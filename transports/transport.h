@@ -3,10 +3,11 @@
 // The transport interface: mechanisms that move bytes between two ranks, no policy.
 //
 // A Connection is one reliable, ordered channel from this rank to one peer (a comm has
-// `channels` of them per peer; route/ will later pick among several paths). Sends and receives
-// posted on a connection are matched in posting order, so both sides must post in the same
-// order: the algorithms guarantee it, and every message carries a MsgTag that the receiver checks
-// so that a rank calling a different collective gets a clear error instead of garbage.
+// `channels` of them per peer: the paths of the chunk layer, transports/chunk.h). A receive
+// posted on a connection takes the next message that arrives on it; peek() shows that message
+// first, so the chunk layer posts the receive it belongs to. Every message carries a MsgTag that
+// the receiver checks, so that a rank calling a different collective gets a clear error instead
+// of garbage.
 //
 // Requests are owned by the caller (they live in coroutine frames) and must stay alive until
 // they complete. Nothing here blocks: progress() moves what it can and returns.
@@ -31,20 +32,46 @@ inline constexpr size_t kMaxFarewellBytes = 2048;
 
 // What the sender was doing when it produced a message; the receiver compares it with what it
 // is doing itself. 24 bytes, sent on the wire.
+//
+// It also names the chunk a message is (transports/chunk.h): which message of the operation
+// between the pair (`lane`, `ordinal`) and which piece of it (`chunk`, kLastChunk). Equality
+// compares the operation only.
 struct MsgTag {
+  static constexpr uint8_t kLastChunk = 1;  // flags: no chunk of the message follows this one
+  static constexpr uint32_t kChunkBits = 18, kOrdinalBits = 8, kLaneBits = 6;
+  static constexpr uint32_t kMaxChunks = 1u << kChunkBits;
+  static constexpr uint32_t kMaxLanes = 1u << kLaneBits;
+
   uint32_t seq = 0;    // collective sequence number, or per-peer p2p sequence number
   uint8_t coll = 0;    // CollKind
   uint8_t dtype = 0;   // DataType
   uint8_t redop = 0;   // RedOpKind
-  uint8_t flags = 0;   // reserved
+  uint8_t flags = kLastChunk;
   int32_t root = -1;   // root or peer, -1 when not applicable
-  uint32_t pad = 0;
+  uint32_t chunk_id = 0;  // chunk index | ordinal << kChunkBits | lane << (kChunkBits + kOrdinalBits)
   uint64_t count = 0;  // the count argument of the call
   bool operator==(const MsgTag& o) const {
     return seq == o.seq && coll == o.coll && dtype == o.dtype && redop == o.redop &&
            root == o.root && count == o.count;
   }
   bool operator!=(const MsgTag& o) const { return !(*this == o); }
+
+  // Which piece of which message: `lane` (the channel the algorithm posted it on), `ordinal`
+  // (the how-manieth message of the operation between the pair on that lane, modulo 256) and
+  // `chunk` (its index in the message).
+  uint32_t chunk() const { return chunk_id & (kMaxChunks - 1); }
+  uint32_t ordinal() const { return (chunk_id >> kChunkBits) & ((1u << kOrdinalBits) - 1); }
+  uint32_t lane() const { return chunk_id >> (kChunkBits + kOrdinalBits); }
+  bool last_chunk() const { return (flags & kLastChunk) != 0; }
+  void set_message(uint32_t lane, uint32_t ordinal) {
+    chunk_id = (lane & (kMaxLanes - 1)) << (kChunkBits + kOrdinalBits) |
+               (ordinal & ((1u << kOrdinalBits) - 1)) << kChunkBits;
+    flags = kLastChunk;
+  }
+  void set_chunk(uint32_t index, bool last) {
+    chunk_id = (chunk_id & ~(kMaxChunks - 1)) | (index & (kMaxChunks - 1));
+    flags = last ? kLastChunk : 0;
+  }
 };
 static_assert(sizeof(MsgTag) == 24);
 
@@ -61,6 +88,10 @@ struct Request {
   size_t bytes = 0;                    // message size
   std::atomic<size_t> bytes_done{0};   // for diagnostics of stuck operations
   MsgTag tag;
+  // When the chunk layer posted it and saw it complete (now_ns()); set for messages it cut
+  // into chunks and for the chunks themselves, 0 otherwise.
+  int64_t posted_ns = 0;
+  int64_t done_ns = 0;
   // Set when the buffer (a send's buf, a receive's dst) lies in memory registered with the
   // communicator: the key this connection's transport made for that registration (its factory,
   // TransportInstance::key_factory), valid until the request completes. Null otherwise.
@@ -73,6 +104,7 @@ struct Request {
   void reset() {
     state.store(kPending, std::memory_order_relaxed);
     bytes_done.store(0, std::memory_order_relaxed);
+    posted_ns = done_ns = 0;
   }
 };
 
@@ -133,6 +165,12 @@ class Connection {
     (void)events;
     return -1;
   }
+  // The next incoming message, once its header has arrived, while no receive is posted here:
+  // its tag and size, without consuming it (the chunk layer then posts the receive it belongs
+  // to). False while nothing has arrived, while a receive is posted, or once the connection
+  // failed (error() says why; a peer's farewell fails it too). Moves incoming bytes as
+  // progress() does, and keeps the connection polled for input until a receive is posted.
+  virtual bool peek(MsgTag* tag, uint64_t* bytes) = 0;
   virtual const char* transport_name() const = 0;
   // Best effort, before closing because of `why`: tells the peer why this side gives up, so
   // that its pending receive fails with our reason and code (a mismatch stays ncclInvalidUsage

@@ -48,6 +48,10 @@ StringParam kTransport("TRANSPORT", nullptr, "AUTO", nullptr,
                        "pair of ranks");
 IntParam kNumChannels("NCHANNELS", "NCHANNELS", 1, 1, 16,
                       "independent ordered connections per peer");
+IntParam kPathChunkBytes("PATH_CHUNK_BYTES", nullptr, 1 << 20, 4 << 10, 1ll << 30,
+                     "with several connections per peer (CHORUS_NCHANNELS), messages longer "
+                     "than this are cut into chunks of this size (a multiple of 4 KiB) that "
+                     "travel over all of them at once; equal on every rank");
 IntParam kShmFifoBytes("SHM_FIFO_BYTES", nullptr, 4 << 20, 64 << 10, 1ll << 30,
                        "bytes of each shared-memory FIFO (one per peer and channel)");
 // Off by default: on the 2-core VM measured (bench/compare, quiet run), copying through the
@@ -104,7 +108,7 @@ const std::vector<Param*>& all() {
   static const std::vector<Param*> list = {
       &kDebug,        &kDebugSubsys,   &kDebugFile,    &kSocketIfname, &kSocketFamily,
       &kBootstrapTimeoutMs, &kConnectTimeoutMs, &kHostId, &kTransport, &kNumChannels,
-      &kShmFifoBytes, &kShmCmaBytes,   &kShmMapBytes,   &kStreamCopyBytes, &kTcpBounceBytes, &kTimeoutMs,   &kSpinUs,       &kLivenessMs,
+      &kPathChunkBytes, &kShmFifoBytes, &kShmCmaBytes,   &kShmMapBytes,   &kStreamCopyBytes, &kTcpBounceBytes, &kTimeoutMs,   &kSpinUs,       &kLivenessMs,
       &kFlightRecorderOps, &kCommBlocking,
       &kAlgo,         &kChunkBytes,    &kTuner,        &kTunerFile,   &kKernels,
       &kRegCacheBytes,

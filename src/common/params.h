@@ -108,6 +108,7 @@ extern StringParam kHostId;
 // Transports.
 extern StringParam kTransport;
 extern IntParam kNumChannels;
+extern IntParam kPathChunkBytes;
 extern IntParam kShmFifoBytes;
 extern IntParam kShmCmaBytes;
 extern IntParam kShmMapBytes;

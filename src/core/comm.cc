@@ -250,9 +250,9 @@ algo::Choice Comm::choose(CollKind coll, size_t bytes) {
 bool Comm::progress_connections() {
   bool moved = false;
   for (size_t i = 0; i < active_.size();) {
-    Connection* c = active_[i];
-    moved |= c->progress();
-    if (c->idle()) {
+    PeerLink* l = active_[i];
+    moved |= l->progress();
+    if (l->idle()) {
       active_[i] = active_.back();
       active_.pop_back();
     } else {
@@ -262,19 +262,21 @@ bool Comm::progress_connections() {
   return moved;
 }
 
-void Comm::activate(Connection* conn) {
-  if (std::find(active_.begin(), active_.end(), conn) == active_.end()) active_.push_back(conn);
+void Comm::activate(PeerLink* link) {
+  if (std::find(active_.begin(), active_.end(), link) == active_.end()) active_.push_back(link);
 }
 
 bool Comm::collect_poll_fds(std::vector<pollfd>* fds) const {
   bool doorbell = false;
-  for (Connection* c : active_) {
-    short events = 0;
-    int fd = c->poll_fd(&events);
-    if (fd >= 0) {
-      fds->push_back(pollfd{fd, events, 0});
-    } else {
-      doorbell = true;
+  for (const PeerLink* l : active_) {
+    for (size_t p = 0; p < l->paths(); ++p) {
+      short events = 0;
+      int fd = l->path(p)->poll_fd(&events);
+      if (fd >= 0) {
+        fds->push_back(pollfd{fd, events, 0});
+      } else {
+        doorbell = true;
+      }
     }
   }
   return doorbell;
@@ -345,6 +347,8 @@ void Comm::close_connections(const Status& why) {
       c.reset();
     }
   }
+  // After the connections: they may hold the links' chunk requests until destroyed.
+  links_.clear();
 }
 
 void Comm::shutdown() {

@@ -27,6 +27,7 @@
 #include "core/op.h"
 #include "core/registration.h"
 #include "transports/registry.h"
+#include "transports/chunk.h"
 #include "transports/transport.h"
 
 namespace chorus {
@@ -100,6 +101,8 @@ class Comm : public std::enable_shared_from_this<Comm> {
   // The transport that carries traffic to `peer` (null for ourselves).
   const TransportDesc* transport_to(int peer) const { return transport_[peer]; }
   Connection* conn(int peer, int channel) const { return conns_[peer][channel].get(); }
+  // Every path to `peer` (its channels), seen through the chunk layer (transports/chunk.h).
+  PeerLink* link(int peer) const { return links_[peer].get(); }
   // The cost model the tuner chooses algorithms with (agreed by every rank at setup).
   const algo::CostModel& cost_model() const { return model_; }
   // The tuner's choice for a call, memoised (drive lock held: called from operations).
@@ -135,8 +138,8 @@ class Comm : public std::enable_shared_from_this<Comm> {
   // lock held). Returns true if some active connection is woken by the doorbell instead.
   bool collect_poll_fds(std::vector<pollfd>* fds) const;
 
-  // Marks a connection as having pending requests (it is progressed until idle again).
-  void activate(Connection* conn);
+  // Marks a link as having pending requests (it is progressed until idle again).
+  void activate(PeerLink* link);
   // A per-comm scratch buffer of at least `bytes` (slot 0..3), valid until the next call with
   // the same slot. Operations run one at a time per comm, so they may use it freely.
   void* scratch(int slot, size_t bytes);
@@ -207,6 +210,7 @@ class Comm : public std::enable_shared_from_this<Comm> {
   std::vector<PeerInfo> peers_;
   std::vector<const TransportDesc*> transport_;                  // [peer]
   std::vector<std::vector<std::unique_ptr<Connection>>> conns_;  // [peer][channel]
+  std::vector<std::unique_ptr<PeerLink>> links_;                 // [peer], over conns_[peer]
   // The transports this rank opened, and their per-communicator resources. Destroyed after
   // the connections.
   struct OpenTransport {
@@ -236,7 +240,7 @@ class Comm : public std::enable_shared_from_this<Comm> {
   FlightRecorder recorder_;
   PeerWatch peer_watch_;             // drive lock: same-host peer processes (set at setup)
   std::vector<int> waited_for_;      // drive lock: scratch of check_stuck()
-  std::vector<Connection*> active_;  // drive lock
+  std::vector<PeerLink*> active_;    // drive lock
   Op* current_ = nullptr;            // drive lock: the queue's head, once seen
   struct ChoiceSlot {
     uint64_t generation = 0;  // params::generation() it was computed under; 0: empty

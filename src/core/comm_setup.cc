@@ -323,9 +323,18 @@ Status Comm::connect_transports(const std::vector<PeerInfo>& infos) {
     for (int r = 0; r < nranks(); ++r)
       if (transport_[r] == t.desc) key_slot_[r] = t.key_slot;
   }
+  // Chunks are whole pages: every element size divides them, in any transport's framing.
+  const size_t chunk_bytes = static_cast<size_t>(params::kPathChunkBytes.get()) / 4096 * 4096;
+  links_.clear();
+  links_.resize(nranks());
   for (int r = 0; r < nranks(); ++r) {
     if (r != rank() && conns_[r].size() != static_cast<size_t>(channels_))
       return internal_error("no connection to {}", infos[r].describe());
+    if (r != rank()) {
+      std::vector<Connection*> paths;
+      for (auto& c : conns_[r]) paths.push_back(c.get());
+      links_[r] = std::make_unique<PeerLink>(rank(), r, std::move(paths), chunk_bytes);
+    }
     // A same-host process can die silently (its shared memory stays mapped): watch it.
     if (r != rank() && infos[r].host_hash == infos[rank()].host_hash && infos[r].pid != infos[rank()].pid)
       peer_watch_.add(r, infos[r].pid, infos[r].describe());

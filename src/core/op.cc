@@ -114,6 +114,18 @@ const RegistrationKey* OpContext::key_for(const void* p, size_t bytes, int peer)
   return nullptr;
 }
 
+void OpContext::name_message(Request& req, int peer, int channel, bool send) {
+  // A send or receive call is its own message: its per-pair sequence number names it, however
+  // the calls are grouped on either side.
+  if (req.tag.coll == static_cast<uint8_t>(CollKind::kSendRecv)) {
+    req.tag.set_message(static_cast<uint32_t>(channel), 0);
+    return;
+  }
+  if (ordinals_.empty()) ordinals_.assign(static_cast<size_t>(2 * nranks_ * channels_), 0);
+  uint8_t& ordinal = ordinals_[2 * (static_cast<size_t>(peer) * channels_ + channel) + (send ? 1 : 0)];
+  req.tag.set_message(static_cast<uint32_t>(channel), ordinal++);
+}
+
 void OpContext::send(SendRequest& req, int peer, int channel, const void* buf, size_t bytes) {
   send_tagged(req, peer, channel, buf, bytes, tag_);
 }
@@ -125,6 +137,7 @@ void OpContext::recv(RecvRequest& req, int peer, int channel, void* dst, size_t 
 void OpContext::send_tagged(SendRequest& req, int peer, int channel, const void* buf,
                             size_t bytes, const MsgTag& tag) {
   post(req, peer, bytes, tag);
+  name_message(req, peer, channel, true);
   req.buf = buf;
   req.memfd = MemfdLocation{};
   if (pinned_ != nullptr) {
@@ -137,33 +150,35 @@ void OpContext::send_tagged(SendRequest& req, int peer, int channel, const void*
     }
     req.key = key_for(buf, bytes, peer);
   }
-  Connection* conn = comm_.conn(peer, channel);
-  conn->post_send(&req);
-  comm_.activate(conn);
+  PeerLink* link = comm_.link(peer);
+  link->post_send(&req);
+  comm_.activate(link);
 }
 
 void OpContext::recv_tagged(RecvRequest& req, int peer, int channel, void* dst, size_t bytes,
                             const MsgTag& tag) {
   post(req, peer, bytes, tag);
+  name_message(req, peer, channel, false);
   req.dst = dst;
   req.reduce = nullptr;
   if (pinned_ != nullptr) req.key = key_for(dst, bytes, peer);
-  Connection* conn = comm_.conn(peer, channel);
-  conn->post_recv(&req);
-  comm_.activate(conn);
+  PeerLink* link = comm_.link(peer);
+  link->post_recv(&req);
+  comm_.activate(link);
 }
 
 void OpContext::recv_reduce(RecvRequest& req, int peer, int channel, void* dst, const void* src,
                             size_t bytes, kernels::ReduceFn fn, size_t elem_size) {
   post(req, peer, bytes, tag_);
+  name_message(req, peer, channel, false);
   req.dst = dst;
   req.src = src;
   req.reduce = fn;
   req.elem_size = elem_size;
   if (pinned_ != nullptr) req.key = key_for(dst, bytes, peer);
-  Connection* conn = comm_.conn(peer, channel);
-  conn->post_recv(&req);
-  comm_.activate(conn);
+  PeerLink* link = comm_.link(peer);
+  link->post_recv(&req);
+  comm_.activate(link);
 }
 
 Status OpContext::check(const Request& req) const {
@@ -172,6 +187,8 @@ Status OpContext::check(const Request& req) const {
     Connection* conn = comm_.conn(req.peer, ch);
     if (conn != nullptr && !conn->error().ok()) return conn->error();
   }
+  if (PeerLink* link = comm_.link(req.peer); link != nullptr && !link->error().ok())
+    return link->error();
   if (comm_.aborting()) return remote_error("{} was aborted", comm_.describe());
   return remote_error("a transfer with {} failed", comm_.peer(req.peer).describe());
 }

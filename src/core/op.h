@@ -196,10 +196,16 @@ class OpContext {
 
  private:
   void post(Request& req, int peer, size_t bytes, const MsgTag& tag);
+  // Names the message in req.tag for the chunk layer: its lane (`channel`) and its ordinal,
+  // the how-manieth message of this operation to (or from) `peer` on that lane, counted alike
+  // on both sides since each algorithm posts in the same order per peer and channel (0 for a
+  // send or receive call, which its sequence number names).
+  void name_message(Request& req, int peer, int channel, bool send);
   // The key of the transport to `peer` for the pinned registration holding [p, p + bytes), or
   // null (pinned_ set).
   const RegistrationKey* key_for(const void* p, size_t bytes, int peer);
   Comm& comm_;
+  std::vector<uint8_t> ordinals_;  // [2 * (peer * channels + channel) + send], made on first use
   Op* pinned_;  // the op when it pins registrations, else null
   int rank_;
   int nranks_;

@@ -73,6 +73,23 @@ TEST_CASE("multi-process matrix over shared memory, no message by reference", "[
   run_workers(2, "SHM", "matrix", {"CHORUS_SHM_CMA_BYTES=0"});
 }
 
+// Several paths per peer (transports/chunk.h): messages over 64 KiB travel as chunks over all
+// of them at once and are matched by the message they name.
+const std::vector<std::string> kThreePaths = {"CHORUS_NCHANNELS=3", "CHORUS_PATH_CHUNK_BYTES=65536"};
+TEST_CASE("multi-process matrix over TCP, chunks over 3 paths per peer", "[mp][tcp][chunk]") {
+  run_workers(3, "TCP", "matrix", kThreePaths);
+}
+TEST_CASE("multi-process matrix over shared memory, registered buffers, chunks over 3 paths",
+          "[mp][shm][chunk][reg]") {
+  std::vector<std::string> env = kThreePaths;
+  env.push_back("CHORUS_TEST_REGISTERED=1");
+  run_workers(2, "SHM", "matrix", env);
+}
+TEST_CASE("AllReduce is bit-identical on every rank over TCP, chunks over 3 paths",
+          "[mp][tcp][chunk][identical]") {
+  run_workers(4, "TCP", "identical", kThreePaths);
+}
+
 // AllReduce results bit-identical on every rank, every algorithm, float datatype and operator
 // (tests/support/identical_check.h; 2 to 8 ranks as threads in tests/ranks/identical_test.cc).
 TEST_CASE("AllReduce is bit-identical on every rank over shared memory with 2 ranks", "[mp][shm][identical]") {
@@ -121,6 +138,11 @@ TEST_CASE("AllReduce is bit-identical on every rank over UCX (tcp) with 3 ranks"
 TEST_CASE("multi-process matrix over UCX (tcp), registered buffers", "[mp][ucx][reg]") {
   std::vector<std::string> env = kUcxTcp;
   env.push_back("CHORUS_TEST_REGISTERED=1");
+  if (have_ucx()) run_workers(2, "UCX", "matrix", env);
+}
+TEST_CASE("multi-process matrix over UCX (tcp), chunks over 3 paths per peer", "[mp][ucx][chunk]") {
+  std::vector<std::string> env = kUcxTcp;
+  env.insert(env.end(), kThreePaths.begin(), kThreePaths.end());
   if (have_ucx()) run_workers(2, "UCX", "matrix", env);
 }
 TEST_CASE("multi-process matrix over UCX (shared memory) with 2 ranks", "[mp][ucx]") {

@@ -265,6 +265,35 @@ TEST_CASE("sends and receives in any order within a group, including to oneself"
   REQUIRE(f == "");
 }
 
+TEST_CASE("sends grouped on one side match receives spread over several calls on the other",
+          "[ranks][api]") {
+  // Between a pair, the k-th send matches the k-th receive whatever the groups: rank 0 sends
+  // three messages in one group, rank 1 receives them with three separate calls.
+  RankGroup g(2);
+  std::string f = g.run([&](int r, ncclComm_t comm) -> std::string {
+    const size_t counts[3] = {7, 300000, 1};
+    std::vector<std::vector<float>> bufs;
+    for (int k = 0; k < 3; ++k) {
+      bufs.emplace_back(counts[k]);
+      for (size_t i = 0; i < counts[k]; ++i) bufs[k][i] = r == 0 ? 0.25f * k + 1e-3f * i : -1.0f;
+    }
+    if (r == 0) {
+      ncclGroupStart();
+      for (int k = 0; k < 3; ++k) ncclSend(bufs[k].data(), counts[k], ncclFloat, 1, comm, nullptr);
+      ncclResult_t res = ncclGroupEnd();
+      return res == ncclSuccess ? "" : err(res, "group of sends");
+    }
+    for (int k = 0; k < 3; ++k) {
+      ncclResult_t res = ncclRecv(bufs[k].data(), counts[k], ncclFloat, 0, comm, nullptr);
+      if (res != ncclSuccess) return err(res, "receive");
+      for (size_t i = 0; i < counts[k]; ++i)
+        if (bufs[k][i] != 0.25f * k + 1e-3f * i) return "wrong data in message " + std::to_string(k);
+    }
+    return "";
+  });
+  REQUIRE(f == "");
+}
+
 TEST_CASE("host streams run work in order, asynchronously", "[ranks][api][stream]") {
   const int n = 3;
   RankGroup g(n);

@@ -19,6 +19,7 @@
 #include "kernels/reduce/reduce.h"
 #include "net/auth.h"
 #include "support/scoped_env.h"
+#include "transports/chunk.h"
 #include "transports/registry.h"
 
 namespace chorus {
@@ -47,7 +48,7 @@ struct TransportEnv {
   std::vector<std::unique_ptr<test::ScopedEnv>> vars;
 };
 
-void connect_pair(const TransportDesc& desc, Pair* pair) {
+void connect_pair(const TransportDesc& desc, Pair* pair, int channels = 1) {
   net::Secret secret = net::Secret::random();
   const uint64_t uid = 0xc0f0 + static_cast<uint64_t>(getpid());
   std::barrier sync(2);
@@ -60,6 +61,7 @@ void connect_pair(const TransportDesc& desc, Pair* pair) {
       ctx.comm_uid = uid;
       ctx.secret = secret;
       ctx.comm_label = "conformance rank " + std::to_string(r);
+      ctx.channels = channels;
       auto opened = desc.open(ctx);
       if (!opened.ok()) {
         pair->status[r] = opened.take_status();
@@ -119,12 +121,12 @@ MsgTag tag_of(uint32_t seq, uint64_t count) {
 // Runs `body` over every registered transport usable in this process (direct, shm and tcp
 // always are).
 template <typename Body>
-void for_each_transport(Body body) {
+void for_each_transport(Body body, int channels = 1) {
   int ran = 0;
   for (const TransportDesc* desc : transports()) {
     TransportEnv env(desc->name);
     Pair pair;
-    connect_pair(*desc, &pair);
+    connect_pair(*desc, &pair, channels);
     if (!pair.opened) {
       WARN("transport " << desc->name << " is not usable here; skipped");
       continue;
@@ -235,6 +237,238 @@ TEST_CASE("every transport: a reducing receive must know its size", "[unit][tran
     CHECK(pair.conn(1)->error().code() == Code::kInvalidUsage);
     CHECK_THAT(pair.conn(1)->error().message(), Catch::Contains("must know its size"));
   });
+}
+
+}  // namespace chorus
+
+// ---- The chunk layer (transports/chunk.h) over every transport, three paths per pair ----
+
+namespace chorus {
+namespace {
+
+constexpr int kPaths = 3;
+constexpr size_t kChunk = 64 << 10;
+
+// Both ends of a pair as the chunk layer sees them.
+struct Links {
+  explicit Links(Pair& p, size_t chunk0 = kChunk, size_t chunk1 = kChunk) : pair(p) {
+    for (int r = 0; r < 2; ++r) {
+      std::vector<Connection*> paths;
+      for (auto& c : pair.conns[r][0]) paths.push_back(c.get());
+      link[r] = std::make_unique<PeerLink>(r, 1 - r, std::move(paths), r == 0 ? chunk0 : chunk1);
+    }
+  }
+  // The connections go first: they may hold the links' chunks (as in Comm::close_connections).
+  ~Links() {
+    for (auto& table : pair.conns) table.clear();
+  }
+  Pair& pair;
+  std::unique_ptr<PeerLink> link[2];
+};
+
+bool drive_links(Links& l, const std::vector<Request*>& reqs) {
+  Deadline deadline = Deadline::after_ms(20000);
+  for (;;) {
+    bool all_done = true;
+    for (const Request* r : reqs) all_done = all_done && r->done();
+    if (all_done) return true;
+    if (deadline.expired()) return false;
+    bool moved = l.link[0]->progress();
+    moved |= l.link[1]->progress();
+    if (!moved) std::this_thread::yield();
+  }
+}
+
+MsgTag message_tag(uint32_t seq, uint64_t count, uint32_t lane, uint32_t ordinal,
+                   CollKind coll = CollKind::kAllReduce) {
+  MsgTag tag = tag_of(seq, count);
+  tag.coll = static_cast<uint8_t>(coll);
+  tag.set_message(lane, ordinal);
+  return tag;
+}
+
+std::vector<float> random_floats(size_t n, uint32_t seed) {
+  std::vector<float> v(n);
+  uint32_t x = seed * 2654435761u + 1;
+  for (float& f : v) {
+    x = x * 1664525u + 1013904223u;
+    f = static_cast<float>(static_cast<int32_t>(x >> 8) % 100000) / 997.0f;  // non-integer
+  }
+  return v;
+}
+
+}  // namespace
+
+TEST_CASE("every transport: a message cut into chunks over three paths arrives whole",
+          "[unit][transport][chunk]") {
+  for_each_transport([](const std::string& name, Pair& pair) {
+    INFO(name);
+    Links l(pair);
+    const size_t count = (size_t{1} << 18) + 3;  // 16 chunks and a short 17th
+    std::vector<float> sent = random_floats(count, 1), got(count, -1.0f);
+    SendRequest s;
+    s.buf = sent.data();
+    s.bytes = count * sizeof(float);
+    s.tag = message_tag(7, count, 1, 0);
+    RecvRequest r;
+    r.dst = got.data();
+    r.bytes = s.bytes;
+    r.tag = message_tag(7, count, 1, 0);
+    l.link[1]->post_recv(&r);
+    l.link[0]->post_send(&s);
+    REQUIRE(drive_links(l, {&s, &r}));
+    REQUIRE_FALSE(s.failed());
+    REQUIRE_FALSE(r.failed());
+    CHECK(got == sent);
+    CHECK(r.bytes_done.load() == r.bytes);
+    CHECK(s.bytes_done.load() == s.bytes);
+    // Every path carried chunks, both ways counted, and the completions carry their times.
+    uint64_t bytes = 0;
+    for (size_t p = 0; p < kPaths; ++p) {
+      CHECK(l.link[0]->path_stats(p).chunks >= 5);
+      CHECK(l.link[1]->path_stats(p).chunks >= 5);
+      bytes += l.link[1]->path_stats(p).bytes;
+    }
+    CHECK(bytes == r.bytes);
+    CHECK(r.posted_ns > 0);
+    CHECK(r.done_ns >= r.posted_ns);
+    CHECK(s.done_ns >= s.posted_ns);
+    CHECK(l.link[0]->idle());
+    CHECK(l.link[1]->idle());
+  }, kPaths);
+}
+
+TEST_CASE("every transport: receives match by message, not by posting order",
+          "[unit][transport][chunk]") {
+  for_each_transport([](const std::string& name, Pair& pair) {
+    INFO(name);
+    Links l(pair);
+    // Two operations in flight: the sender sends A (two messages on lane 0, one of them split)
+    // then B; the receiver posts B first, then A's second message, then its first.
+    const size_t big = (size_t{1} << 17) + 1, small = 5;
+    std::vector<float> a0 = random_floats(big, 2), a1 = random_floats(small, 3),
+                       b0 = random_floats(big, 4);
+    std::vector<float> ga0(big), ga1(small), gb0(big);
+    SendRequest s[3];
+    const std::vector<float>* bufs[3] = {&a0, &a1, &b0};
+    const MsgTag tags[3] = {message_tag(11, 64, 0, 0), message_tag(11, 64, 0, 1),
+                            message_tag(12, 64, 0, 0, CollKind::kAllGather)};
+    for (int i = 0; i < 3; ++i) {
+      s[i].buf = bufs[i]->data();
+      s[i].bytes = bufs[i]->size() * sizeof(float);
+      s[i].tag = tags[i];
+    }
+    RecvRequest r[3];
+    std::vector<float>* dsts[3] = {&ga0, &ga1, &gb0};
+    for (int i = 0; i < 3; ++i) {
+      r[i].dst = dsts[i]->data();
+      r[i].bytes = dsts[i]->size() * sizeof(float);
+      r[i].tag = tags[i];
+    }
+    l.link[1]->post_recv(&r[2]);
+    l.link[1]->post_recv(&r[1]);
+    l.link[1]->post_recv(&r[0]);
+    for (auto& x : s) l.link[0]->post_send(&x);
+    REQUIRE(drive_links(l, {&s[0], &s[1], &s[2], &r[0], &r[1], &r[2]}));
+    for (int i = 0; i < 3; ++i) {
+      CHECK_FALSE(r[i].failed());
+      CHECK(*dsts[i] == *bufs[i]);
+    }
+  }, kPaths);
+}
+
+TEST_CASE("every transport: chunks reduce on arrival and size themselves from the sender",
+          "[unit][transport][chunk]") {
+  for_each_transport([](const std::string& name, Pair& pair) {
+    INFO(name);
+    Links l(pair);
+    const size_t count = (size_t{1} << 17) + 7;
+    std::vector<float> mine = random_floats(count, 5), theirs = random_floats(count, 6);
+    std::vector<float> acc(count), want(count);
+    for (size_t i = 0; i < count; ++i) want[i] = mine[i] + theirs[i];  // what the kernel does
+    SendRequest s;
+    s.buf = theirs.data();
+    s.bytes = count * sizeof(float);
+    s.tag = message_tag(3, count, 2, 0);
+    RecvRequest r;
+    r.dst = acc.data();
+    r.src = mine.data();
+    r.bytes = s.bytes;
+    r.reduce = kernels::reduce_fn(DataType::kFloat32, kernels::ReduceOp::kSum);
+    r.elem_size = sizeof(float);
+    r.tag = s.tag;
+    l.link[1]->post_recv(&r);
+    l.link[0]->post_send(&s);
+    REQUIRE(drive_links(l, {&s, &r}));
+    REQUIRE_FALSE(r.failed());
+    CHECK(acc == want);
+
+    // A receive with room for more learns the size of a message of several chunks.
+    std::vector<float> sent = random_floats(count, 8);
+    std::vector<float> got(2 * count, 0.0f);
+    SendRequest s2;
+    s2.buf = sent.data();
+    s2.bytes = count * sizeof(float);
+    s2.tag = message_tag(4, count, 0, 0, CollKind::kSend);
+    RecvRequest r2;
+    r2.size_from_sender = true;
+    r2.dst = got.data();
+    r2.bytes = got.size() * sizeof(float);
+    r2.tag = message_tag(4, 0, 0, 0, CollKind::kSend);
+    l.link[1]->post_recv(&r2);
+    l.link[0]->post_send(&s2);
+    REQUIRE(drive_links(l, {&s2, &r2}));
+    REQUIRE_FALSE(r2.failed());
+    CHECK(r2.bytes == s2.bytes);
+    CHECK(r2.tag.count == count);
+    CHECK(std::equal(sent.begin(), sent.end(), got.begin()));
+    CHECK(got[count] == 0.0f);
+  }, kPaths);
+}
+
+TEST_CASE("every transport: the chunk layer names both calls of a mismatch, and a chunk size "
+          "that differs", "[unit][transport][chunk]") {
+  for_each_transport([](const std::string& name, Pair& pair) {
+    INFO(name);
+    Links l(pair);
+    std::vector<float> sent(8, 0.5f), got(8);
+    SendRequest s;
+    s.buf = sent.data();
+    s.bytes = 32;
+    s.tag = message_tag(3, 8, 0, 0, CollKind::kAllGather);
+    RecvRequest r;
+    r.dst = got.data();
+    r.bytes = 32;
+    r.tag = message_tag(3, 8, 0, 0, CollKind::kAllReduce);
+    l.link[1]->post_recv(&r);
+    l.link[0]->post_send(&s);
+    drive_links(l, {&r});
+    REQUIRE(r.failed());
+    l.link[1]->progress();
+    const Status& why = l.link[1]->error();
+    CHECK(why.code() == Code::kInvalidUsage);
+    CHECK_THAT(why.message(), Catch::Contains("AllGather #3") && Catch::Contains("AllReduce #3") &&
+                                  Catch::Contains("expects"));
+  }, kPaths);
+  for_each_transport([](const std::string& name, Pair& pair) {
+    INFO(name);
+    Links l(pair, kChunk, 2 * kChunk);
+    const size_t count = size_t{1} << 17;
+    std::vector<float> sent = random_floats(count, 9), got(count);
+    SendRequest s;
+    s.buf = sent.data();
+    s.bytes = count * sizeof(float);
+    s.tag = message_tag(5, count, 0, 0);
+    RecvRequest r;
+    r.dst = got.data();
+    r.bytes = s.bytes;
+    r.tag = s.tag;
+    l.link[1]->post_recv(&r);
+    l.link[0]->post_send(&s);
+    drive_links(l, {&r});
+    REQUIRE(r.failed());
+    CHECK_THAT(l.link[1]->error().message(), Catch::Contains("CHORUS_PATH_CHUNK_BYTES"));
+  }, kPaths);
 }
 
 }  // namespace chorus

@@ -88,6 +88,19 @@ bool DirectConnection::consume_one() {
   return true;
 }
 
+bool DirectConnection::peek(MsgTag* tag, uint64_t* bytes) {
+  if (!error().ok() || !recvs_.empty()) return false;
+  std::lock_guard<std::mutex> lock(in_->mutex);
+  if (in_->closed) {
+    fail_all(in_->error);
+    return false;
+  }
+  if (in_->sends.empty()) return false;
+  *tag = in_->sends.front()->tag;
+  *bytes = in_->sends.front()->bytes;
+  return true;
+}
+
 bool DirectConnection::progress() {
   bool moved = false;
   while (!recvs_.empty() && consume_one()) moved = true;

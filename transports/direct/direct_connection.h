@@ -33,6 +33,7 @@ class DirectConnection final : public Connection {
   void post_recv(RecvRequest* req) override;
   bool progress() override;
   bool idle() const override;
+  bool peek(MsgTag* tag, uint64_t* bytes) override;
   const char* transport_name() const override { return "direct"; }
 
  private:

@@ -230,6 +230,34 @@ bool ShmConnection::progress_recvs() {
   return completed || recv_pos_ != start || ref_done_ != ref_start;
 }
 
+bool ShmConnection::peek(MsgTag* tag, uint64_t* bytes) {
+  if (!error().ok() || !recvs_.empty()) return false;
+  if (recv_available(kFifoAlign) < kFifoAlign) {
+    // Acquire, then a fresh look at head: what the producer published before closing counts.
+    if (recv_.control->producer_closed.load(std::memory_order_acquire) == 0 ||
+        recv_available(kFifoAlign) >= kFifoAlign) {
+      return false;
+    }
+    fail_all(remote_error("rank {} (pid {}) closed its shared-memory connection (channel {}) "
+                          "while rank {} waits for its next message",
+                          peer(), peer_pid_, channel(), self_rank_));
+    return false;
+  }
+  MsgHeader header;
+  std::memcpy(&header, recv_.data + recv_pos_ % recv_.fifo_bytes, sizeof(header));
+  if (header.magic == kMsgMagic && header.index == recv_index_ && (header.flags & kFarewell)) {
+    read_farewell(header, nullptr);
+    return false;
+  }
+  if (Status status = check_framing(header); !status.ok()) {
+    fail_all(std::move(status));
+    return false;
+  }
+  *tag = header.tag;
+  *bytes = header.bytes;
+  return true;
+}
+
 bool ShmConnection::read_front(RecvRequest* req, uint64_t* budget) {
   const uint64_t fifo = recv_.fifo_bytes;
   if (recv_cursor_ == 0) {
@@ -237,7 +265,7 @@ bool ShmConnection::read_front(RecvRequest* req, uint64_t* budget) {
     MsgHeader header;
     std::memcpy(&header, recv_.data + recv_pos_ % fifo, sizeof(header));
     if (header.magic == kMsgMagic && header.index == recv_index_ && (header.flags & kFarewell)) {
-      read_farewell(header, *req);
+      read_farewell(header, req);
       return false;
     }
     Status status = check_header(header, req);
@@ -497,7 +525,7 @@ bool ShmConnection::complete_by_reference_sends() {
   return completed;
 }
 
-Status ShmConnection::check_header(const MsgHeader& header, RecvRequest* req) {
+Status ShmConnection::check_framing(const MsgHeader& header) const {
   if (header.magic != kMsgMagic || header.index != recv_index_) {
     return remote_error(
         "shared-memory FIFO from rank {} (pid {}, channel {}) is corrupted: message header at "
@@ -512,6 +540,11 @@ Status ShmConnection::check_header(const MsgHeader& header, RecvRequest* req) {
         "{} bytes inside its header (at most {})",
         peer(), peer_pid_, channel(), recv_index_, header.bytes, kInlineBytes);
   }
+  return Status();
+}
+
+Status ShmConnection::check_header(const MsgHeader& header, RecvRequest* req) {
+  CHORUS_RETURN_IF_ERROR(check_framing(header));
   return accept_incoming(req, header.tag, header.bytes, peer(), self_rank_);
 }
 
@@ -619,7 +652,7 @@ void ShmConnection::farewell(const Status& why) {
   close();  // publishes it
 }
 
-void ShmConnection::read_farewell(const MsgHeader& header, const RecvRequest& req) {
+void ShmConnection::read_farewell(const MsgHeader& header, const RecvRequest* req) {
   // Published in one piece with its header, before the producer closed.
   const uint64_t fifo = recv_.fifo_bytes;
   const uint64_t off = recv_pos_ % fifo;
@@ -628,10 +661,10 @@ void ShmConnection::read_farewell(const MsgHeader& header, const RecvRequest& re
   std::string text(reinterpret_cast<const char*>(recv_.data + off + kFifoAlign),
                    have >= kFifoAlign + len ? len : 0);
   fail_all(Status(farewell_code(static_cast<uint32_t>(header.address)),
-                  fmt::format("rank {} (pid {}) gave up while rank {} was receiving {} ({} bytes) "
+                  fmt::format("rank {} (pid {}) gave up while rank {} was receiving {} "
                               "on shared-memory channel {}: {}",
-                              peer(), peer_pid_, self_rank_, describe_tag(req.tag), req.bytes,
-                              channel(), text)));
+                              peer(), peer_pid_, self_rank_, describe_request(req), channel(),
+                              text)));
 }
 
 void ShmConnection::fail_all(Status status) {

@@ -125,6 +125,7 @@ class ShmConnection final : public Connection {
   bool idle() const override {
     return sends_.empty() && recvs_.empty() && by_reference_.empty();
   }
+  bool peek(MsgTag* tag, uint64_t* bytes) override;
   const char* transport_name() const override { return "shm"; }
   void farewell(const Status& why) override;
 
@@ -137,6 +138,8 @@ class ShmConnection final : public Connection {
   bool read_front(RecvRequest* req, uint64_t* budget);
   // Checks the front receive's header, adopting the sender's size where the receive asks so.
   Status check_header(const MsgHeader& header, RecvRequest* req);
+  // The header at the read position is a message of this FIFO (magic, ordinal, inline size).
+  Status check_framing(const MsgHeader& header) const;
   Status check_recv_request(const RecvRequest& req) const;
   // Free bytes in the send FIFO, refreshing the cached tail when `want` bytes are not free.
   uint64_t send_space(uint64_t want);
@@ -164,7 +167,7 @@ class ShmConnection final : public Connection {
   // Records the error, fails every pending request and closes both directions.
   void fail_all(Status status);
   // The peer's farewell (its header is at recv_pos_): fails everything with its reason.
-  void read_farewell(const MsgHeader& header, const RecvRequest& req);
+  void read_farewell(const MsgHeader& header, const RecvRequest* req);
   // Publishes what was written, sets our closed flags and rings the peer. Idempotent.
   void close();
 

@@ -76,6 +76,7 @@ void TcpConnection::post_recv(RecvRequest* req) {
     return;
   }
   recvs_.push(req);
+  peeking_ = false;
   Status st = check_reducing_receive(*req, peer());
   if (!st.ok()) fail_all(std::move(st));
 }
@@ -83,9 +84,9 @@ void TcpConnection::post_recv(RecvRequest* req) {
 int TcpConnection::poll_fd(short* events) const {
   if (broken_) return -1;
   short ev = 0;
-  if (!recvs_.empty()) ev |= POLLIN;
+  if (!recvs_.empty() || peeking_) ev |= POLLIN;
   if (!sends_.empty()) ev |= POLLOUT;
-  if (!idle()) ev |= POLLRDHUP;
+  if (!idle() || peeking_) ev |= POLLRDHUP;
   *events = ev;
   return fd_.get();
 }
@@ -182,6 +183,7 @@ bool TcpConnection::progress_recvs() {
     req->bytes_done.store(req->bytes, std::memory_order_relaxed);
     recvs_.pop();
     rx_header_got_ = 0;
+    rx_accepted_ = false;
     rx_payload_got_ = 0;
     bounce_fill_ = 0;
     moved = true;
@@ -190,7 +192,7 @@ bool TcpConnection::progress_recvs() {
   return moved;
 }
 
-bool TcpConnection::read_header(RecvRequest* req, bool* moved) {
+bool TcpConnection::fill_header(const RecvRequest* req, bool* moved) {
   if (rx_header_got_ == kHeaderBytes) return true;
   auto* dst = reinterpret_cast<uint8_t*>(&rx_header_);
   while (rx_header_got_ < kHeaderBytes) {
@@ -216,12 +218,29 @@ bool TcpConnection::read_header(RecvRequest* req, bool* moved) {
         peer(), peer_addr_, rx_header_.magic, channel(), my_rank_, describe_request(req)));
     return false;
   }
+  return true;
+}
+
+bool TcpConnection::read_header(RecvRequest* req, bool* moved) {
+  if (rx_accepted_) return true;
+  if (!fill_header(req, moved)) return false;
   if (Status st = accept_incoming(req, rx_header_.tag, rx_header_.bytes, peer(), my_rank_);
       !st.ok()) {
     fail_all(std::move(st));
     return false;
   }
+  rx_accepted_ = true;
   if (req->reduce != nullptr && !bounce_) bounce_ = std::make_unique<uint8_t[]>(bounce_bytes_);
+  return true;
+}
+
+bool TcpConnection::peek(MsgTag* tag, uint64_t* bytes) {
+  if (broken_ || !recvs_.empty()) return false;
+  peeking_ = true;
+  bool moved = false;
+  if (!fill_header(nullptr, &moved)) return false;
+  *tag = rx_header_.tag;
+  *bytes = rx_header_.bytes;
   return true;
 }
 

@@ -51,6 +51,7 @@ class TcpConnection final : public Connection {
   // whenever anything is pending, so that a peer that goes away wakes the poller. -1 after an
   // error.
   int poll_fd(short* events) const override;
+  bool peek(MsgTag* tag, uint64_t* bytes) override;
   const char* transport_name() const override { return "tcp"; }
   void farewell(const Status& why) override;
 
@@ -59,8 +60,10 @@ class TcpConnection final : public Connection {
 
   bool progress_sends();
   bool progress_recvs();
-  // Reads the header of the next message for the front receive and checks it against it.
-  // Returns false when it is not complete yet (or the connection failed).
+  // Reads the header of the next message (for `req`, which may be null: named in errors).
+  // False when it is not complete yet, or when the connection failed (a farewell, corruption).
+  bool fill_header(const RecvRequest* req, bool* moved);
+  // fill_header, then the header is checked against the front receive (once per message).
   bool read_header(RecvRequest* req, bool* moved);
   bool read_plain(RecvRequest* req, bool* moved);
   bool read_reduce(RecvRequest* req, bool* moved);
@@ -86,6 +89,8 @@ class TcpConnection final : public Connection {
   RequestQueue<RecvRequest> recvs_;
   WireHeader rx_header_{};
   size_t rx_header_got_ = 0;
+  bool rx_accepted_ = false;  // the front receive accepted rx_header_
+  bool peeking_ = false;      // peek() waits for a header: poll for input
   size_t rx_payload_got_ = 0;  // payload bytes read (or reduced) for the front receive
   std::unique_ptr<uint8_t[]> bounce_;
   size_t bounce_fill_ = 0;  // bytes in bounce_ (a partial element carried over)

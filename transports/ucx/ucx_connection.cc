@@ -186,8 +186,14 @@ bool UcxConnection::progress() {
   moved |= progress_sends();
   if (!broken_) moved |= progress_recvs();
   // The peer's farewell and its endpoint's failure are looked at after the data that arrived
-  // before them.
-  if (!broken_ && check_farewell()) {
+  // before them, and only while something waits here: a peer that sent its last message and
+  // went away is no failure while that message waits to be taken (see peek()).
+  if (!broken_ && !idle() && check_gone()) return true;
+  return moved;
+}
+
+bool UcxConnection::check_gone() {
+  if (check_farewell()) {
     if (fw_code_ == Code::kOk) {
       fail_all(remote_error("{} closed its end of ucx channel {} (its communicator went away) {}",
                             peer_->label, channel(), situation()),
@@ -199,11 +205,11 @@ bool UcxConnection::progress() {
              false);
     return true;
   }
-  if (!broken_ && peer_->failed()) {
+  if (peer_->failed()) {
     fail_all(peer_error(), false);
     return true;
   }
-  return moved;
+  return false;
 }
 
 // ---- Sends ----------------------------------------------------------------------------------
@@ -242,38 +248,73 @@ bool UcxConnection::progress_sends() {
 
 // ---- Receives -------------------------------------------------------------------------------
 
+bool UcxConnection::poll_header(const RecvRequest* req, bool* moved) {
+  if (rx_phase_ == RxPhase::kArrived) return true;
+  if (rx_phase_ == RxPhase::kIdle) {
+    auto r = post_ucx_recv(rx_header_buf_.data(), rx_header_buf_.size(), in_header_tag_);
+    if (!r.ok()) {
+      fail_all(r.take_status(), true);
+      *moved = true;
+      return false;
+    }
+    rx_header_req_ = r.value();
+    rx_phase_ = RxPhase::kHeader;
+  }
+  ucp_tag_recv_info_t info{};
+  ucs_status_t st = ucp_tag_recv_request_test(rx_header_req_, &info);
+  if (st == UCS_INPROGRESS) return false;
+  ucp_request_free(rx_header_req_);
+  rx_header_req_ = nullptr;
+  rx_phase_ = RxPhase::kIdle;
+  *moved = true;
+  if (st != UCS_OK) {
+    fail_all(st == UCS_ERR_MESSAGE_TRUNCATED
+                 ? corrupt(req, "a header message over 8 KiB")
+                 : peer_->failed() ? peer_error()
+                                   : corrupt(req, fmt::format("a header that could not be "
+                                                              "received ({})",
+                                                              ucs_status_string(st))),
+             true);
+    return false;
+  }
+  if (info.length < kHeaderBytes) {
+    fail_all(corrupt(req, fmt::format("a {}-byte header message", info.length)), true);
+    return false;
+  }
+  std::memcpy(&rx_header_, rx_header_buf_.data(), kHeaderBytes);
+  if (rx_header_.magic != kMsgMagic) {
+    fail_all(corrupt(req, fmt::format("a message header with magic {:#010x}", rx_header_.magic)),
+             true);
+    return false;
+  }
+  rx_header_len_ = info.length;
+  rx_phase_ = RxPhase::kArrived;
+  return true;
+}
+
+bool UcxConnection::peek(MsgTag* tag, uint64_t* bytes) {
+  if (broken_ || !recvs_.empty()) return false;
+  bool moved = false;
+  worker_->progress();
+  if (!poll_header(nullptr, &moved)) {
+    // Nothing arrived: a peer that has gone will send nothing more.
+    if (!broken_) check_gone();
+    return false;
+  }
+  *tag = rx_header_.tag;
+  *bytes = rx_header_.bytes;
+  return true;
+}
+
 bool UcxConnection::progress_recvs() {
   bool moved = false;
   while (!recvs_.empty() && !broken_) {
     RecvRequest* req = recvs_.front();
-    if (rx_phase_ == RxPhase::kIdle) {
-      auto r = post_ucx_recv(rx_header_buf_.data(), rx_header_buf_.size(), in_header_tag_);
-      if (!r.ok()) {
-        fail_all(r.take_status(), true);
-        return true;
-      }
-      rx_header_req_ = r.value();
-      rx_phase_ = RxPhase::kHeader;
-    }
-    if (rx_phase_ == RxPhase::kHeader) {
-      ucp_tag_recv_info_t info{};
-      ucs_status_t st = ucp_tag_recv_request_test(rx_header_req_, &info);
-      if (st == UCS_INPROGRESS) return moved;
-      ucp_request_free(rx_header_req_);
-      rx_header_req_ = nullptr;
+    if (rx_phase_ == RxPhase::kIdle || rx_phase_ == RxPhase::kHeader ||
+        rx_phase_ == RxPhase::kArrived) {
+      if (!poll_header(req, &moved)) return moved || broken_;
       rx_phase_ = RxPhase::kIdle;
-      moved = true;
-      if (st != UCS_OK) {
-        fail_all(st == UCS_ERR_MESSAGE_TRUNCATED
-                     ? corrupt(req, "a header message over 8 KiB")
-                     : peer_->failed() ? peer_error()
-                                       : corrupt(req, fmt::format("a header that could not be "
-                                                                  "received ({})",
-                                                                  ucs_status_string(st))),
-                 true);
-        return true;
-      }
-      if (!on_header(req, info.length)) return true;
+      if (!on_header(req, rx_header_len_)) return true;
       continue;  // an inline message completed it, or its payload is next
     }
     if (!progress_payload(req, &moved)) return moved;
@@ -284,16 +325,7 @@ bool UcxConnection::progress_recvs() {
 }
 
 bool UcxConnection::on_header(RecvRequest* req, size_t length) {
-  WireHeader h{};
-  if (length < kHeaderBytes) {
-    fail_all(corrupt(req, fmt::format("a {}-byte header message", length)), true);
-    return false;
-  }
-  std::memcpy(&h, rx_header_buf_.data(), kHeaderBytes);
-  if (h.magic != kMsgMagic) {
-    fail_all(corrupt(req, fmt::format("a message header with magic {:#010x}", h.magic)), true);
-    return false;
-  }
+  const WireHeader& h = rx_header_;  // framing checked by poll_header
   if (Status st = accept_incoming(req, h.tag, h.bytes, peer(), my_rank_); !st.ok()) {
     fail_all(std::move(st), true);
     return false;

@@ -46,6 +46,7 @@ class UcxConnection final : public Connection {
   bool idle() const override { return sends_.empty() && recvs_.empty(); }
   // The worker's event fd, armed (see Worker::poll_fd); -1 after an error.
   int poll_fd(short* events) const override;
+  bool peek(MsgTag* tag, uint64_t* bytes) override;
   const char* transport_name() const override { return "ucx"; }
   void farewell(const Status& why) override;
 
@@ -66,7 +67,8 @@ class UcxConnection final : public Connection {
     void* req = nullptr;
     std::vector<uint8_t> buf;
   };
-  enum class RxPhase : uint8_t { kIdle, kHeader, kPayload };
+  // kArrived: a header is in rx_header_ (checked for framing), not yet matched to a receive.
+  enum class RxPhase : uint8_t { kIdle, kHeader, kArrived, kPayload };
 
   // `memh`: the memory handle of the registered range holding buf (MemoryKey), or null.
   Status send_msg(const void* buf, size_t bytes, uint64_t tag, SendOp* op, size_t end,
@@ -74,6 +76,9 @@ class UcxConnection final : public Connection {
   Result<void*> post_ucx_recv(void* buf, size_t bytes, uint64_t tag, ucp_mem_h memh = nullptr);
   bool progress_sends();
   bool progress_recvs();
+  // Posts the receive of the next header message if none is, and tests it: true once a header
+  // has arrived (kArrived, in rx_header_). `req` (may be null) is named in errors.
+  bool poll_header(const RecvRequest* req, bool* moved);
   // The header of the front receive arrived (`length` bytes): checks it, completes an inline
   // message. False when the connection failed.
   bool on_header(RecvRequest* req, size_t length);
@@ -84,6 +89,8 @@ class UcxConnection final : public Connection {
   void send_farewell(Code code, const std::string& reason);
   // True when the peer's farewell has arrived (fw_code_ and fw_text_ hold it).
   bool check_farewell();
+  // Fails the connection (true) if the peer said farewell or its endpoint failed.
+  bool check_gone();
   // Records why the connection broke (logged once), tells the peer if `tell_peer`, makes UCX
   // let go of the caller's buffers, and fails every pending request.
   void fail_all(Status status, bool tell_peer);
@@ -114,6 +121,8 @@ class UcxConnection final : public Connection {
   RxPhase rx_phase_ = RxPhase::kIdle;
   void* rx_header_req_ = nullptr;
   std::vector<uint8_t> rx_header_buf_;
+  WireHeader rx_header_{};   // the last header that arrived
+  size_t rx_header_len_ = 0;  // bytes of its message (header + inline payload)
   size_t rx_chunk_ = 0;   // the sender's chunk size for the front receive
   size_t rx_chunks_ = 0;  // chunks of the front receive
   size_t rx_posted_ = 0;  // chunks posted

@@ -1,0 +1,394 @@
+// SPDX-License-Identifier: Apache-2.0
+// File: transports/chunk.cc
+// The chunk layer (chunk.h): messages cut into chunks over the paths to a peer, and chunks
+// matched to posted receives by the message they name.
+#include "transports/chunk.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "common/clock.h"
+#include "transports/protocol.h"
+
+namespace chorus {
+
+struct PeerLink::SendChunk {
+  SendRequest req;
+  SplitSend* split = nullptr;
+  size_t path = 0;
+  bool counted = false;
+};
+
+struct PeerLink::SplitSend {
+  SendRequest* parent = nullptr;
+  std::vector<SendChunk*> chunks;
+  size_t remaining = 0;
+  bool failed = false;
+};
+
+struct PeerLink::RecvChunk {
+  RecvRequest req;
+  PendingRecv* pending = nullptr;
+};
+
+struct PeerLink::PendingRecv {
+  RecvRequest* req = nullptr;
+  bool whole = false;        // posted as a whole on a path
+  bool started = false;      // a chunk of it was matched
+  uint64_t got = 0;          // bytes of completed chunks
+  uint32_t chunks_done = 0;
+  uint32_t chunks_total = 0;  // known once the last chunk arrived
+  uint64_t total = 0;         // the message's size, known with the last chunk
+};
+
+namespace {
+
+// The message a tag names, whatever the chunk.
+bool same_message(const MsgTag& a, const MsgTag& b) {
+  return a.seq == b.seq && a.lane() == b.lane() && a.ordinal() == b.ordinal();
+}
+
+// The call `req` was posted for sent this chunk (a receive sized by the sender takes any
+// count).
+bool same_call(const RecvRequest& req, const MsgTag& tag) {
+  if (!req.size_from_sender) return req.tag == tag;
+  MsgTag t = tag;
+  t.count = req.tag.count;
+  return req.tag == t;
+}
+
+}  // namespace
+
+PeerLink::PeerLink(int my_rank, int peer, std::vector<Connection*> paths, size_t chunk_bytes)
+    : my_rank_(my_rank),
+      peer_(peer),
+      paths_(std::move(paths)),
+      chunk_bytes_(chunk_bytes),
+      stats_(paths_.size()),
+      active_chunk_(paths_.size(), nullptr),
+      active_whole_(paths_.size(), nullptr) {}
+
+PeerLink::~PeerLink() = default;
+
+PeerLink::SendChunk* PeerLink::take_send_chunk() {
+  if (free_send_chunks_.empty()) {
+    send_chunks_.emplace_back();
+    return &send_chunks_.back();
+  }
+  SendChunk* c = free_send_chunks_.back();
+  free_send_chunks_.pop_back();
+  return c;
+}
+
+PeerLink::RecvChunk* PeerLink::take_recv_chunk() {
+  if (free_recv_chunks_.empty()) {
+    recv_chunks_.emplace_back();
+    return &recv_chunks_.back();
+  }
+  RecvChunk* c = free_recv_chunks_.back();
+  free_recv_chunks_.pop_back();
+  return c;
+}
+
+void PeerLink::post_send(SendRequest* req) {
+  if (!error_.ok()) {
+    req->fail();
+    return;
+  }
+  const size_t n_paths = paths_.size();
+  const size_t first = req->tag.lane() % n_paths;
+  const uint64_t n_chunks = req->bytes == 0 ? 1 : (req->bytes + chunk_bytes_ - 1) / chunk_bytes_;
+  if (n_paths == 1 || n_chunks < 2 || n_chunks > MsgTag::kMaxChunks) {
+    req->tag.set_chunk(0, true);
+    paths_[first]->post_send(req);
+    return;
+  }
+  std::unique_ptr<SplitSend> split;
+  if (spare_splits_.empty()) {
+    split = std::make_unique<SplitSend>();
+  } else {
+    split = std::move(spare_splits_.back());
+    spare_splits_.pop_back();
+  }
+  split->parent = req;
+  split->remaining = n_chunks;
+  split->failed = false;
+  split->chunks.clear();
+  req->posted_ns = now_ns();
+  const auto* base = static_cast<const std::byte*>(req->buf);
+  for (uint64_t i = 0; i < n_chunks; ++i) {
+    SendChunk* c = take_send_chunk();
+    const uint64_t off = i * chunk_bytes_;
+    c->req.reset();
+    c->req.peer = req->peer;
+    c->req.bytes = std::min<uint64_t>(chunk_bytes_, req->bytes - off);
+    c->req.buf = base + off;
+    c->req.memfd = req->memfd;
+    if (c->req.memfd.fd >= 0) c->req.memfd.offset += off;
+    c->req.key = req->key;
+    c->req.tag = req->tag;
+    c->req.tag.set_chunk(static_cast<uint32_t>(i), i + 1 == n_chunks);
+    c->req.posted_ns = req->posted_ns;
+    c->split = split.get();
+    c->path = (first + i) % n_paths;
+    c->counted = false;
+    split->chunks.push_back(c);
+  }
+  // Posted after the split is complete: a path may complete a chunk at once (direct memory).
+  SplitSend* s = split.get();
+  splits_.push_back(std::move(split));
+  for (SendChunk* c : s->chunks) paths_[c->path]->post_send(&c->req);
+}
+
+void PeerLink::post_recv(RecvRequest* req) {
+  if (!error_.ok()) {
+    req->fail();
+    return;
+  }
+  std::unique_ptr<PendingRecv> p;
+  if (spare_pending_.empty()) {
+    p = std::make_unique<PendingRecv>();
+  } else {
+    p = std::move(spare_pending_.back());
+    spare_pending_.pop_back();
+    *p = PendingRecv{};
+  }
+  p->req = req;
+  pending_.push_back(std::move(p));
+}
+
+bool PeerLink::progress() {
+  bool moved = false;
+  for (Connection* c : paths_) moved |= c->progress();
+  moved |= reap_recvs();
+  moved |= reap_sends();
+  for (size_t p = 0; p < paths_.size() && error_.ok(); ++p) {
+    // One receive posted per path at a time: the next message is looked at once it is done.
+    while (active_chunk_[p] == nullptr && active_whole_[p] == nullptr && !pending_.empty() &&
+           match(p)) {
+      moved = true;
+      paths_[p]->progress();
+      reap_recvs();
+      if (!error_.ok()) break;
+    }
+  }
+  if (error_.ok()) {
+    for (Connection* c : paths_) {
+      if (!c->error().ok()) {
+        fail(c->error());
+        moved = true;
+        break;
+      }
+    }
+  }
+  return moved;
+}
+
+bool PeerLink::idle() const {
+  if (!pending_.empty() || !splits_.empty()) return false;
+  for (Connection* c : paths_)
+    if (!c->idle()) return false;
+  return true;
+}
+
+bool PeerLink::match(size_t p) {
+  MsgTag tag;
+  uint64_t bytes = 0;
+  if (!paths_[p]->peek(&tag, &bytes)) return false;
+  // The receive of this message: its call exactly if several share the key.
+  PendingRecv* found = nullptr;
+  for (const auto& pr : pending_) {
+    if (pr->whole || !same_message(pr->req->tag, tag)) continue;
+    if (same_call(*pr->req, tag)) {
+      found = pr.get();
+      break;
+    }
+    if (found == nullptr) found = pr.get();
+  }
+  if (found == nullptr) return false;  // not posted yet: it waits on its path
+  RecvRequest* req = found->req;
+  if (!same_call(*req, tag) || (tag.chunk() == 0 && tag.last_chunk() && !found->started)) {
+    // A whole message, or another call than the one posted: the transport takes it as it
+    // always did (and names both calls in a mismatch).
+    found->whole = true;
+    active_whole_[p] = found;
+    req->posted_ns = now_ns();
+    paths_[p]->post_recv(req);
+    return true;
+  }
+  return post_chunk(p, found, tag, bytes);
+}
+
+bool PeerLink::post_chunk(size_t p, PendingRecv* pending, const MsgTag& tag, uint64_t bytes) {
+  RecvRequest* req = pending->req;
+  const uint64_t off = static_cast<uint64_t>(tag.chunk()) * chunk_bytes_;
+  if ((!tag.last_chunk() && bytes != chunk_bytes_) || bytes > chunk_bytes_) {
+    fail(remote_error("rank {} sent a {}-byte chunk of {} but rank {} cuts messages into "
+                      "{}-byte chunks (is CHORUS_PATH_CHUNK_BYTES set differently?)",
+                      peer_, bytes, describe_tag(tag), my_rank_, chunk_bytes_));
+    return true;
+  }
+  const uint64_t end = off + bytes;
+  if (end > req->bytes || (tag.last_chunk() && !req->size_from_sender && end != req->bytes)) {
+    const uint64_t sent = tag.last_chunk() ? end : off + bytes;
+    fail(invalid_usage("rank {} sent {} ({}{} bytes) but rank {} {} {} ({} bytes) from it", peer_,
+                       describe_tag(tag), tag.last_chunk() ? "" : "at least ", sent, my_rank_,
+                       req->size_from_sender ? "has room for" : "expects",
+                       describe_tag(req->tag), req->bytes));
+    return true;
+  }
+  if (req->reduce != nullptr) {
+    if (Status st = check_reducing_receive(*req, peer_); !st.ok()) {
+      fail(std::move(st));
+      return true;
+    }
+  }
+  if (!pending->started) {
+    pending->started = true;
+    req->posted_ns = now_ns();
+    if (req->size_from_sender) req->tag.count = tag.count;
+  }
+  if (tag.last_chunk()) {
+    pending->chunks_total = tag.chunk() + 1;
+    pending->total = end;
+  }
+  RecvChunk* c = take_recv_chunk();
+  c->pending = pending;
+  c->req.reset();
+  c->req.peer = req->peer;
+  c->req.bytes = bytes;
+  c->req.tag = tag;
+  c->req.size_from_sender = false;
+  c->req.dst = static_cast<std::byte*>(req->dst) + off;
+  c->req.reduce = req->reduce;
+  c->req.elem_size = req->elem_size;
+  c->req.key = req->key;
+  c->req.src = req->reduce == nullptr ? nullptr
+               : static_cast<const std::byte*>(req->src != nullptr ? req->src : req->dst) + off;
+  c->req.posted_ns = now_ns();
+  active_chunk_[p] = c;
+  paths_[p]->post_recv(&c->req);
+  return true;
+}
+
+bool PeerLink::reap_recvs() {
+  bool moved = false;
+  auto retire = [&](PendingRecv* pr) {
+    for (size_t i = 0; i < pending_.size(); ++i) {
+      if (pending_[i].get() != pr) continue;
+      spare_pending_.push_back(std::move(pending_[i]));
+      pending_.erase(pending_.begin() + static_cast<ptrdiff_t>(i));
+      return;
+    }
+  };
+  for (size_t p = 0; p < paths_.size(); ++p) {
+    if (PendingRecv* whole = active_whole_[p]; whole != nullptr && whole->req->done()) {
+      // Its transport completed (or failed) it; the caller may free it from now on.
+      active_whole_[p] = nullptr;
+      retire(whole);
+      moved = true;
+    }
+    RecvChunk* c = active_chunk_[p];
+    if (c == nullptr || !c->req.done()) continue;
+    active_chunk_[p] = nullptr;
+    moved = true;
+    PendingRecv* pr = c->pending;
+    const bool failed = c->req.failed();
+    const int64_t now = now_ns();
+    if (pr == nullptr) {  // its message failed with the link
+      free_recv_chunks_.push_back(c);
+      continue;
+    }
+    if (!failed) {
+      stats_[p].chunks += 1;
+      stats_[p].bytes += c->req.bytes;
+      stats_[p].busy_ns += now - c->req.posted_ns;
+      pr->got += c->req.bytes;
+      pr->chunks_done += 1;
+    }
+    free_recv_chunks_.push_back(c);
+    if (failed) {
+      fail(!paths_[p]->error().ok() ? paths_[p]->error()
+                                    : remote_error("a chunk from rank {} failed", peer_));
+      continue;
+    }
+    RecvRequest* req = pr->req;
+    req->bytes_done.store(pr->got, std::memory_order_relaxed);
+    if (pr->chunks_total != 0 && pr->chunks_done == pr->chunks_total) {
+      if (req->size_from_sender) req->bytes = pr->total;
+      req->done_ns = now;
+      retire(pr);
+      req->complete();
+    }
+  }
+  return moved;
+}
+
+bool PeerLink::reap_sends() {
+  bool moved = false;
+  for (size_t i = 0; i < splits_.size();) {
+    SplitSend* s = splits_[i].get();
+    const int64_t now = now_ns();
+    for (SendChunk* c : s->chunks) {
+      if (c->counted || !c->req.done()) continue;
+      c->counted = true;
+      moved = true;
+      --s->remaining;
+      if (c->req.failed()) {
+        s->failed = true;
+        continue;
+      }
+      stats_[c->path].chunks += 1;
+      stats_[c->path].bytes += c->req.bytes;
+      stats_[c->path].busy_ns += now - c->req.posted_ns;
+      if (s->parent != nullptr) s->parent->bytes_done.fetch_add(c->req.bytes, std::memory_order_relaxed);
+    }
+    if (s->remaining > 0) {
+      ++i;
+      continue;
+    }
+    SendRequest* parent = s->parent;
+    for (SendChunk* c : s->chunks) free_send_chunks_.push_back(c);
+    s->chunks.clear();
+    spare_splits_.push_back(std::move(splits_[i]));
+    splits_.erase(splits_.begin() + static_cast<ptrdiff_t>(i));
+    if (parent == nullptr) continue;  // failed with the link already
+    parent->done_ns = now;
+    if (s->failed) {
+      parent->fail();
+    } else {
+      parent->complete();
+    }
+  }
+  return moved;
+}
+
+void PeerLink::fail(Status status) {
+  if (!error_.ok()) return;
+  error_ = std::move(status);
+  // Tell the peer where we can, so its side fails with our reason instead of waiting.
+  for (Connection* c : paths_) c->farewell(error_);
+  // Every request of the caller fails now, except a whole message in a transport's hands
+  // (the transport completes or fails it). Chunks still posted stay ours until their path
+  // lets go of them.
+  for (size_t i = 0; i < pending_.size();) {
+    PendingRecv* pr = pending_[i].get();
+    if (std::find(active_whole_.begin(), active_whole_.end(), pr) != active_whole_.end()) {
+      ++i;
+      continue;
+    }
+    for (RecvChunk* c : active_chunk_)
+      if (c != nullptr && c->pending == pr) c->pending = nullptr;
+    pr->req->fail();
+    spare_pending_.push_back(std::move(pending_[i]));
+    pending_.erase(pending_.begin() + static_cast<ptrdiff_t>(i));
+  }
+  for (const auto& split : splits_) {
+    if (split->parent == nullptr) continue;
+    split->parent->fail();
+    split->parent = nullptr;
+  }
+}
+
+}  // namespace chorus

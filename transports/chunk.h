@@ -1,0 +1,115 @@
+// SPDX-License-Identifier: Apache-2.0
+// File: transports/chunk.h
+// The chunk layer: what moves between this rank and one peer, over every path to it.
+//
+// A message is one or more chunks. Each chunk travels as one transport message whose MsgTag
+// names the operation (seq, collective, ...), which message of the operation it belongs to
+// (lane: the channel the algorithm posted it on; ordinal: the how-manieth message of the
+// operation between the pair on that lane) and which piece of it (chunk index; the last chunk
+// is flagged). A message of more than one chunk is cut into chunk_bytes pieces spread over all
+// the paths (connections) to the peer, so its chunks travel side by side and land in any order;
+// a message of one chunk goes on the path of its lane, as a whole.
+//
+// Receives are matched by that key, not by posting order: the layer looks at the next message
+// waiting on each path (Connection::peek), finds the posted receive it belongs to and posts the
+// receive of that chunk at its offset. So chunks of one message may come over several paths in
+// any order, a receive may learn its size from the sender (RecvRequest::size_from_sender, over
+// any number of chunks), and the messages of several operations may be in flight at once and
+// arrive interleaved. A message whose receive is not posted yet waits on its path (the stream
+// behind it waits too), as it would in the transport.
+//
+// A chunk's tag that names a posted receive's message but not its call (another collective,
+// count or datatype at the same sequence number) fails the receive with the transport's
+// ncclInvalidUsage text naming both calls, as a message out of posting order did before.
+//
+// Chunks of a split message complete with timestamps: the parent request's posted_ns and
+// done_ns, and per path the bytes, chunks and busy time (path_stats), from which a router can
+// tell a slow path from a fast one.
+//
+// Not thread-safe: one thread at a time (the comm's driver) posts and progresses.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <vector>
+
+#include "common/status.h"
+#include "transports/transport.h"
+
+namespace chorus {
+
+class PeerLink {
+ public:
+  struct PathStats {
+    uint64_t chunks = 0;   // chunks of split messages that completed on this path
+    uint64_t bytes = 0;    // their bytes
+    int64_t busy_ns = 0;   // sum over them of completion minus posting time
+  };
+
+  // `paths`: the connections to `peer`, one per channel (not owned; they outlive the link).
+  // Messages longer than `chunk_bytes` are split when there are several paths.
+  PeerLink(int my_rank, int peer, std::vector<Connection*> paths, size_t chunk_bytes);
+  ~PeerLink();
+  PeerLink(const PeerLink&) = delete;
+  PeerLink& operator=(const PeerLink&) = delete;
+
+  int peer() const { return peer_; }
+  size_t paths() const { return paths_.size(); }
+  Connection* path(size_t i) const { return paths_[i]; }
+  size_t chunk_bytes() const { return chunk_bytes_; }
+
+  // The caller set req->tag (operation, and MsgTag::set_message(lane, ordinal)) and the rest of
+  // the request; it owns it until it completes.
+  void post_send(SendRequest* req);
+  void post_recv(RecvRequest* req);
+  // Moves data on every path, matches arrived chunks, completes split messages. True if
+  // anything changed.
+  bool progress();
+  // Nothing posted is pending.
+  bool idle() const;
+  // Why the link failed (a path's error, or a chunk that fits no receive); OK while healthy.
+  const Status& error() const { return error_; }
+  const PathStats& path_stats(size_t i) const { return stats_[i]; }
+
+ private:
+  struct SendChunk;
+  struct RecvChunk;
+  struct PendingRecv;
+  struct SplitSend;
+
+  // Tries to place the message waiting on path `p`; true if it did (or failed the link).
+  bool match(size_t p);
+  // Chunk receive of the message `pending` waits for, at chunk `tag.chunk()`, of `bytes`.
+  bool post_chunk(size_t p, PendingRecv* pending, const MsgTag& tag, uint64_t bytes);
+  bool reap_sends();
+  bool reap_recvs();
+  void fail(Status status);
+  SendChunk* take_send_chunk();
+  RecvChunk* take_recv_chunk();
+
+  const int my_rank_;
+  const int peer_;
+  const std::vector<Connection*> paths_;
+  const size_t chunk_bytes_;
+  Status error_;
+  std::vector<PathStats> stats_;
+
+  // Receives posted and not yet complete: whole messages posted on a path (`direct`), or
+  // messages whose chunks are being matched.
+  std::vector<std::unique_ptr<PendingRecv>> pending_;
+  std::vector<std::unique_ptr<PendingRecv>> spare_pending_;
+  // Per path, what is posted on it now (the layer posts one receive per path at a time).
+  std::vector<RecvChunk*> active_chunk_;
+  std::vector<PendingRecv*> active_whole_;
+  // Split sends in flight, and their chunks.
+  std::vector<std::unique_ptr<SplitSend>> splits_;
+  std::vector<std::unique_ptr<SplitSend>> spare_splits_;
+  std::deque<SendChunk> send_chunks_;  // stable addresses
+  std::vector<SendChunk*> free_send_chunks_;
+  std::deque<RecvChunk> recv_chunks_;
+  std::vector<RecvChunk*> free_recv_chunks_;
+};
+
+}  // namespace chorus
