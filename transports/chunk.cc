@@ -71,26 +71,6 @@ PeerLink::PeerLink(int my_rank, int peer, std::vector<Connection*> paths, size_t
 
 PeerLink::~PeerLink() = default;
 
-PeerLink::SendChunk* PeerLink::take_send_chunk() {
-  if (free_send_chunks_.empty()) {
-    send_chunks_.emplace_back();
-    return &send_chunks_.back();
-  }
-  SendChunk* c = free_send_chunks_.back();
-  free_send_chunks_.pop_back();
-  return c;
-}
-
-PeerLink::RecvChunk* PeerLink::take_recv_chunk() {
-  if (free_recv_chunks_.empty()) {
-    recv_chunks_.emplace_back();
-    return &recv_chunks_.back();
-  }
-  RecvChunk* c = free_recv_chunks_.back();
-  free_recv_chunks_.pop_back();
-  return c;
-}
-
 void PeerLink::post_send(SendRequest* req) {
   if (!error_.ok()) {
     req->fail();
@@ -104,13 +84,7 @@ void PeerLink::post_send(SendRequest* req) {
     paths_[first]->post_send(req);
     return;
   }
-  std::unique_ptr<SplitSend> split;
-  if (spare_splits_.empty()) {
-    split = std::make_unique<SplitSend>();
-  } else {
-    split = std::move(spare_splits_.back());
-    spare_splits_.pop_back();
-  }
+  SplitSend* split = split_pool_.take();
   split->parent = req;
   split->remaining = n_chunks;
   split->failed = false;
@@ -118,7 +92,7 @@ void PeerLink::post_send(SendRequest* req) {
   req->posted_ns = now_ns();
   const auto* base = static_cast<const std::byte*>(req->buf);
   for (uint64_t i = 0; i < n_chunks; ++i) {
-    SendChunk* c = take_send_chunk();
+    SendChunk* c = send_chunk_pool_.take();
     const uint64_t off = i * chunk_bytes_;
     c->req.reset();
     c->req.peer = req->peer;
@@ -130,15 +104,14 @@ void PeerLink::post_send(SendRequest* req) {
     c->req.tag = req->tag;
     c->req.tag.set_chunk(static_cast<uint32_t>(i), i + 1 == n_chunks);
     c->req.posted_ns = req->posted_ns;
-    c->split = split.get();
+    c->split = split;
     c->path = (first + i) % n_paths;
     c->counted = false;
     split->chunks.push_back(c);
   }
   // Posted after the split is complete: a path may complete a chunk at once (direct memory).
-  SplitSend* s = split.get();
-  splits_.push_back(std::move(split));
-  for (SendChunk* c : s->chunks) paths_[c->path]->post_send(&c->req);
+  splits_.push_back(split);
+  for (SendChunk* c : split->chunks) paths_[c->path]->post_send(&c->req);
 }
 
 void PeerLink::post_recv(RecvRequest* req) {
@@ -146,16 +119,10 @@ void PeerLink::post_recv(RecvRequest* req) {
     req->fail();
     return;
   }
-  std::unique_ptr<PendingRecv> p;
-  if (spare_pending_.empty()) {
-    p = std::make_unique<PendingRecv>();
-  } else {
-    p = std::move(spare_pending_.back());
-    spare_pending_.pop_back();
-    *p = PendingRecv{};
-  }
+  PendingRecv* p = pending_pool_.take();
+  *p = PendingRecv{};
   p->req = req;
-  pending_.push_back(std::move(p));
+  pending_.push_back(p);
 }
 
 bool PeerLink::progress() {
@@ -198,13 +165,13 @@ bool PeerLink::match(size_t p) {
   if (!paths_[p]->peek(&tag, &bytes)) return false;
   // The receive of this message: its call exactly if several share the key.
   PendingRecv* found = nullptr;
-  for (const auto& pr : pending_) {
+  for (PendingRecv* pr : pending_) {
     if (pr->whole || !same_message(pr->req->tag, tag)) continue;
     if (same_call(*pr->req, tag)) {
-      found = pr.get();
+      found = pr;
       break;
     }
-    if (found == nullptr) found = pr.get();
+    if (found == nullptr) found = pr;
   }
   if (found == nullptr) return false;  // not posted yet: it waits on its path
   RecvRequest* req = found->req;
@@ -253,7 +220,7 @@ bool PeerLink::post_chunk(size_t p, PendingRecv* pending, const MsgTag& tag, uin
     pending->chunks_total = tag.chunk() + 1;
     pending->total = end;
   }
-  RecvChunk* c = take_recv_chunk();
+  RecvChunk* c = recv_chunk_pool_.take();
   c->pending = pending;
   c->req.reset();
   c->req.peer = req->peer;
@@ -275,12 +242,8 @@ bool PeerLink::post_chunk(size_t p, PendingRecv* pending, const MsgTag& tag, uin
 bool PeerLink::reap_recvs() {
   bool moved = false;
   auto retire = [&](PendingRecv* pr) {
-    for (size_t i = 0; i < pending_.size(); ++i) {
-      if (pending_[i].get() != pr) continue;
-      spare_pending_.push_back(std::move(pending_[i]));
-      pending_.erase(pending_.begin() + static_cast<ptrdiff_t>(i));
-      return;
-    }
+    pending_.erase(std::find(pending_.begin(), pending_.end(), pr));
+    pending_pool_.give(pr);
   };
   for (size_t p = 0; p < paths_.size(); ++p) {
     if (PendingRecv* whole = active_whole_[p]; whole != nullptr && whole->req->done()) {
@@ -297,7 +260,7 @@ bool PeerLink::reap_recvs() {
     const bool failed = c->req.failed();
     const int64_t now = now_ns();
     if (pr == nullptr) {  // its message failed with the link
-      free_recv_chunks_.push_back(c);
+      recv_chunk_pool_.give(c);
       continue;
     }
     if (!failed) {
@@ -307,7 +270,7 @@ bool PeerLink::reap_recvs() {
       pr->got += c->req.bytes;
       pr->chunks_done += 1;
     }
-    free_recv_chunks_.push_back(c);
+    recv_chunk_pool_.give(c);
     if (failed) {
       fail(!paths_[p]->error().ok() ? paths_[p]->error()
                                     : remote_error("a chunk from rank {} failed", peer_));
@@ -328,7 +291,7 @@ bool PeerLink::reap_recvs() {
 bool PeerLink::reap_sends() {
   bool moved = false;
   for (size_t i = 0; i < splits_.size();) {
-    SplitSend* s = splits_[i].get();
+    SplitSend* s = splits_[i];
     const int64_t now = now_ns();
     for (SendChunk* c : s->chunks) {
       if (c->counted || !c->req.done()) continue;
@@ -349,13 +312,14 @@ bool PeerLink::reap_sends() {
       continue;
     }
     SendRequest* parent = s->parent;
-    for (SendChunk* c : s->chunks) free_send_chunks_.push_back(c);
+    const bool failed = s->failed;
+    for (SendChunk* c : s->chunks) send_chunk_pool_.give(c);
     s->chunks.clear();
-    spare_splits_.push_back(std::move(splits_[i]));
     splits_.erase(splits_.begin() + static_cast<ptrdiff_t>(i));
+    split_pool_.give(s);
     if (parent == nullptr) continue;  // failed with the link already
     parent->done_ns = now;
-    if (s->failed) {
+    if (failed) {
       parent->fail();
     } else {
       parent->complete();
@@ -373,7 +337,7 @@ void PeerLink::fail(Status status) {
   // (the transport completes or fails it). Chunks still posted stay ours until their path
   // lets go of them.
   for (size_t i = 0; i < pending_.size();) {
-    PendingRecv* pr = pending_[i].get();
+    PendingRecv* pr = pending_[i];
     if (std::find(active_whole_.begin(), active_whole_.end(), pr) != active_whole_.end()) {
       ++i;
       continue;
@@ -381,10 +345,10 @@ void PeerLink::fail(Status status) {
     for (RecvChunk* c : active_chunk_)
       if (c != nullptr && c->pending == pr) c->pending = nullptr;
     pr->req->fail();
-    spare_pending_.push_back(std::move(pending_[i]));
     pending_.erase(pending_.begin() + static_cast<ptrdiff_t>(i));
+    pending_pool_.give(pr);
   }
-  for (const auto& split : splits_) {
+  for (SplitSend* split : splits_) {
     if (split->parent == nullptr) continue;
     split->parent->fail();
     split->parent = nullptr;

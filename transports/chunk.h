@@ -32,7 +32,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <deque>
-#include <memory>
 #include <vector>
 
 #include "common/status.h"
@@ -86,8 +85,23 @@ class PeerLink {
   bool reap_sends();
   bool reap_recvs();
   void fail(Status status);
-  SendChunk* take_send_chunk();
-  RecvChunk* take_recv_chunk();
+  // Objects reused from message to message: stable addresses, no allocation after warm-up.
+  // take() hands out a used one as it was left; the caller sets every field it reads.
+  template <typename T>
+  class FreeList {
+   public:
+    T* take() {
+      if (free_.empty()) return &all_.emplace_back();
+      T* t = free_.back();
+      free_.pop_back();
+      return t;
+    }
+    void give(T* t) { free_.push_back(t); }
+
+   private:
+    std::deque<T> all_;
+    std::vector<T*> free_;
+  };
 
   const int my_rank_;
   const int peer_;
@@ -98,18 +112,16 @@ class PeerLink {
 
   // Receives posted and not yet complete: whole messages posted on a path (`direct`), or
   // messages whose chunks are being matched.
-  std::vector<std::unique_ptr<PendingRecv>> pending_;
-  std::vector<std::unique_ptr<PendingRecv>> spare_pending_;
+  std::vector<PendingRecv*> pending_;
   // Per path, what is posted on it now (the layer posts one receive per path at a time).
   std::vector<RecvChunk*> active_chunk_;
   std::vector<PendingRecv*> active_whole_;
-  // Split sends in flight, and their chunks.
-  std::vector<std::unique_ptr<SplitSend>> splits_;
-  std::vector<std::unique_ptr<SplitSend>> spare_splits_;
-  std::deque<SendChunk> send_chunks_;  // stable addresses
-  std::vector<SendChunk*> free_send_chunks_;
-  std::deque<RecvChunk> recv_chunks_;
-  std::vector<RecvChunk*> free_recv_chunks_;
+  // Split sends in flight (their chunks are in their `chunks`).
+  std::vector<SplitSend*> splits_;
+  FreeList<PendingRecv> pending_pool_;
+  FreeList<SplitSend> split_pool_;
+  FreeList<SendChunk> send_chunk_pool_;
+  FreeList<RecvChunk> recv_chunk_pool_;
 };
 
 }  // namespace chorus

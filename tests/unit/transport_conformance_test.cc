@@ -94,18 +94,22 @@ void connect_pair(const TransportDesc& desc, Pair* pair, int channels = 1) {
   for (auto& t : threads) t.join();
 }
 
-// Progresses both ends from this thread until every request is done (or failed), at most 20 s.
-bool drive(Pair& pair, const std::vector<Request*>& reqs) {
+// Calls `progress` (both ends, true if anything moved) from this thread until every request is
+// done (or failed), at most 20 s.
+template <typename Progress>
+bool drive_with(Progress progress, const std::vector<Request*>& reqs) {
   Deadline deadline = Deadline::after_ms(20000);
   for (;;) {
     bool all_done = true;
     for (const Request* r : reqs) all_done = all_done && r->done();
     if (all_done) return true;
     if (deadline.expired()) return false;
-    bool moved = pair.conn(0)->progress();
-    moved |= pair.conn(1)->progress();
-    if (!moved) std::this_thread::yield();
+    if (!progress()) std::this_thread::yield();
   }
+}
+
+bool drive(Pair& pair, const std::vector<Request*>& reqs) {
+  return drive_with([&] { return pair.conn(0)->progress() | pair.conn(1)->progress(); }, reqs);
 }
 
 MsgTag tag_of(uint32_t seq, uint64_t count) {
@@ -267,16 +271,7 @@ struct Links {
 };
 
 bool drive_links(Links& l, const std::vector<Request*>& reqs) {
-  Deadline deadline = Deadline::after_ms(20000);
-  for (;;) {
-    bool all_done = true;
-    for (const Request* r : reqs) all_done = all_done && r->done();
-    if (all_done) return true;
-    if (deadline.expired()) return false;
-    bool moved = l.link[0]->progress();
-    moved |= l.link[1]->progress();
-    if (!moved) std::this_thread::yield();
-  }
+  return drive_with([&] { return l.link[0]->progress() | l.link[1]->progress(); }, reqs);
 }
 
 MsgTag message_tag(uint32_t seq, uint64_t count, uint32_t lane, uint32_t ordinal,
