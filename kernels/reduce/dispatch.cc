@@ -99,4 +99,15 @@ void copy_to_output(void* dst, const void* src, size_t bytes) {
   }
 }
 
+ReduceFn reduce_for_output(ReduceFn fn, size_t bytes) {
+  if (bytes < stream_copy_min_bytes()) return fn;
+  const KernelTable& table = kernels();
+  for (int t = 0; t < kNumDataTypes; ++t) {
+    for (int op = 0; op < kNumReduceOps; ++op) {
+      if (table.reduce[t][op] == fn) return table.reduce_stream[t][op];
+    }
+  }
+  return fn;
+}
+
 }  // namespace chorus::kernels

@@ -43,6 +43,8 @@ using ConvertFn = void (*)(void* dst, const void* src, size_t count);
 struct KernelTable {
   const char* isa;  // "scalar", "avx2" or "avx512"
   ReduceFn reduce[kNumDataTypes][kNumReduceOps];
+  // The same reductions, bit for bit, with non-temporal stores (see reduce_for_output).
+  ReduceFn reduce_stream[kNumDataTypes][kNumReduceOps];
   ScaleFn scale[kNumDataTypes];
   DivideFn divide[kNumDataTypes];
   ReduceCopyFn reduce_copy[kNumDataTypes][kNumReduceOps];
@@ -86,6 +88,9 @@ inline CopyFn stream_copy_fn() { return kernels().stream_copy; }
 // Copies into a user's output buffer (a collective's result, a received payload): with
 // streaming stores from stream_copy_min_bytes() up, memcpy below.
 void copy_to_output(void* dst, const void* src, size_t bytes);
+// The reduction to write an output of `bytes` with: `fn` (a reduce_fn() of kernels()), or from
+// stream_copy_min_bytes() up its variant with streaming stores, as copy_to_output copies.
+ReduceFn reduce_for_output(ReduceFn fn, size_t bytes);
 // CHORUS_STREAM_COPY_BYTES, or UINT64_MAX when it is 0 (off).
 uint64_t stream_copy_min_bytes();
 

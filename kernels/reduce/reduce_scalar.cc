@@ -159,6 +159,7 @@ constexpr void fill(KernelTable& table, DataType t) {
   table.reduce[i][1] = reduce_loop<T, ReduceOp::kProd>;
   table.reduce[i][2] = reduce_loop<T, ReduceOp::kMax>;
   table.reduce[i][3] = reduce_loop<T, ReduceOp::kMin>;
+  for (int op = 0; op < kNumReduceOps; ++op) table.reduce_stream[i][op] = table.reduce[i][op];
   table.reduce_copy[i][0] = reduce_copy_loop<T, ReduceOp::kSum>;
   table.reduce_copy[i][1] = reduce_copy_loop<T, ReduceOp::kProd>;
   table.reduce_copy[i][2] = reduce_copy_loop<T, ReduceOp::kMax>;

@@ -16,6 +16,10 @@ void fill_type(KernelTable& table, DataType type) {
   table.reduce[t][1] = reduce_kernel<C, ReduceOp::kProd>;
   table.reduce[t][2] = reduce_kernel<C, ReduceOp::kMax>;
   table.reduce[t][3] = reduce_kernel<C, ReduceOp::kMin>;
+  table.reduce_stream[t][0] = reduce_stream_kernel<C, ReduceOp::kSum>;
+  table.reduce_stream[t][1] = reduce_stream_kernel<C, ReduceOp::kProd>;
+  table.reduce_stream[t][2] = reduce_stream_kernel<C, ReduceOp::kMax>;
+  table.reduce_stream[t][3] = reduce_stream_kernel<C, ReduceOp::kMin>;
   table.reduce_copy[t][0] = reduce_copy_kernel<C, ReduceOp::kSum>;
   table.reduce_copy[t][1] = reduce_copy_kernel<C, ReduceOp::kProd>;
   table.reduce_copy[t][2] = reduce_copy_kernel<C, ReduceOp::kMax>;

@@ -68,9 +68,9 @@ IntParam kShmMapBytes("SHM_MAP_BYTES", nullptr, 64 << 10, 0, 1ll << 40,
                       "ncclMemAlloc memory are copied once: the receiver maps the sender's "
                       "memfd and reads them in place; 0 turns it off");
 IntParam kStreamCopyBytes("STREAM_COPY_BYTES", nullptr, 256 << 10, 0, 1ll << 40,
-                          "copies of at least this many bytes into a user's output buffer use "
-                          "streaming (non-temporal) stores that bypass the caches; 0 turns "
-                          "them off");
+                          "copies and reductions of at least this many bytes into a user's "
+                          "output buffer use streaming (non-temporal) stores that bypass the "
+                          "caches; 0 turns them off");
 IntParam kTcpBounceBytes("TCP_BOUNCE_BYTES", nullptr, 1 << 20, 4 << 10, 1ll << 30,
                          "staging buffer a TCP receive reduces from");
 

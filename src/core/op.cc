@@ -173,7 +173,7 @@ void OpContext::recv_reduce(RecvRequest& req, int peer, int channel, void* dst, 
   name_message(req, peer, channel, false);
   req.dst = dst;
   req.src = src;
-  req.reduce = fn;
+  req.reduce = kernels::reduce_for_output(fn, bytes);
   req.elem_size = elem_size;
   if (pinned_ != nullptr) req.key = key_for(dst, bytes, peer);
   PeerLink* link = comm_.link(peer);

@@ -143,20 +143,25 @@ void check_reduce(const KernelTable& simd, const Case& c, std::mt19937_64& rng, 
   ref.reduce[c.type][c.op](want.data() + off, a.data() + off, b.data() + off, c.count);
   INFO(simd.isa << " " << datatype_name(dtype(c.type)) << " op " << c.op << " count " << c.count
                 << " offset " << c.offset << (allow_nan ? " with NaN" : ""));
-  ReduceFn fn = simd.reduce[c.type][c.op];
-  Bytes got = fill;
-  fn(got.data() + off, a.data() + off, b.data() + off, c.count);
-  REQUIRE(compare(c.type, got, want) == "");
-  got = a;  // in place on the first operand (the guard elements keep a's values)
-  fn(got.data() + off, got.data() + off, b.data() + off, c.count);
+  // The plain kernel and its streaming-store variant, which must give the same bits.
+  for (ReduceFn fn : {simd.reduce[c.type][c.op], simd.reduce_stream[c.type][c.op]}) {
+    INFO((fn == simd.reduce[c.type][c.op] ? "reduce" : "reduce_stream"));
+    Bytes got = fill;
+    fn(got.data() + off, a.data() + off, b.data() + off, c.count);
+    REQUIRE(compare(c.type, got, want) == "");
+    got = a;  // in place on the first operand (the guard elements keep a's values)
+    fn(got.data() + off, got.data() + off, b.data() + off, c.count);
+    Bytes want_a = a;
+    std::memcpy(want_a.data() + off, want.data() + off, c.count * es);
+    REQUIRE(compare(c.type, got, want_a) == "");
+    got = b;  // in place on the second operand
+    fn(got.data() + off, a.data() + off, got.data() + off, c.count);
+    Bytes want_b = b;
+    std::memcpy(want_b.data() + off, want.data() + off, c.count * es);
+    REQUIRE(compare(c.type, got, want_b) == "");
+  }
   Bytes want_a = a;
   std::memcpy(want_a.data() + off, want.data() + off, c.count * es);
-  REQUIRE(compare(c.type, got, want_a) == "");
-  got = b;  // in place on the second operand
-  fn(got.data() + off, a.data() + off, got.data() + off, c.count);
-  Bytes want_b = b;
-  std::memcpy(want_b.data() + off, want.data() + off, c.count * es);
-  REQUIRE(compare(c.type, got, want_b) == "");
   Bytes got1 = fill, got2 = fill;  // fused reduce + copy, both destinations
   simd.reduce_copy[c.type][c.op](got1.data() + off, got2.data() + off, a.data() + off,
                                  b.data() + off, c.count);
@@ -169,7 +174,7 @@ void check_reduce(const KernelTable& simd, const Case& c, std::mt19937_64& rng, 
   REQUIRE(compare(c.type, got2, want) == "");
 }
 
-TEST_CASE("SIMD reduce and reduce_copy match the scalar reference", "[unit][kernels]") {
+TEST_CASE("SIMD reduce, reduce_stream and reduce_copy match the scalar reference", "[unit][kernels]") {
   std::mt19937_64 rng(1234);
   for (const KernelTable* simd : simd_tables()) {
     for (int t = 0; t < kNumDataTypes; ++t) {
@@ -349,6 +354,7 @@ TEST_CASE("kernel tables are complete and chosen by name", "[unit][kernels]") {
     for (int d = 0; d < kNumDataTypes; ++d) {
       for (int op = 0; op < kNumReduceOps; ++op) {
         REQUIRE(t->reduce[d][op] != nullptr);
+        REQUIRE(t->reduce_stream[d][op] != nullptr);
         REQUIRE(t->reduce_copy[d][op] != nullptr);
       }
       REQUIRE(t->scale[d] != nullptr);
@@ -366,6 +372,21 @@ TEST_CASE("kernel tables are complete and chosen by name", "[unit][kernels]") {
   // An ISA the CPU lacks falls back to the best available one.
   REQUIRE(&select_kernels("AVX512") == best);
   REQUIRE(&select_kernels("AVX2") == (kernels_for("avx2") ? kernels_for("avx2") : best));
+}
+
+TEST_CASE("large reductions into an output stream their stores", "[unit][kernels]") {
+  const uint64_t threshold = stream_copy_min_bytes();
+  REQUIRE(threshold > 0);
+  for (int t = 0; t < kNumDataTypes; ++t) {
+    for (int op = 0; op < kNumReduceOps; ++op) {
+      ReduceFn fn = kernels().reduce[t][op];
+      REQUIRE(reduce_for_output(fn, 0) == fn);
+      if (threshold > 1) REQUIRE(reduce_for_output(fn, threshold - 1) == fn);
+      if (threshold != UINT64_MAX) {
+        REQUIRE(reduce_for_output(fn, threshold) == kernels().reduce_stream[t][op]);
+      }
+    }
+  }
 }
 
 // All 2^32 floats through every from_float, in two threads (a few minutes; hidden, run it with
