@@ -44,13 +44,18 @@ done
 #     before and 5 s after CHORUS_TIMEOUT_MS), a timing that TSan's slowdown does not keep;
 #   - TSan: the UCX tests: libucx is not instrumented and runs threads of its own, so TSan
 #     cannot see its synchronisation (ASan runs them);
+#   - TSan: the multi-process matrices that vary only a transport's protocol (shared memory with
+#     2 ranks, by reference or not, mapped registered buffers, chunks over 3 paths): each rank
+#     process drives them from one thread, so they hold no race that the remaining ones (3
+#     ranks, automatic transports, host streams with their threads, registered buffers on host
+#     streams) do not; ASan and the normal stage run them all;
 #   - both: the launcher and layering checks (a shell script around chorus-run, and builds of
 #     probe files), which exercise no instrumented code.
 # and with fewer datatypes (CHORUS_TEST_DATATYPES, tests/support/coll_check.h): the transports
 # and algorithms depend on the element size only, and every datatype's kernels are checked
 # by the unit tests. ASan keeps one datatype of each size (int8, half, float, double), since
 # an out-of-bounds access can depend on it; TSan, 5-15x slower and looking for races, which do
-# not, float only. Each stage takes about 15 minutes on 2 cores, its build included.
+# not, float only. ASan takes about 15 minutes on 2 cores, its build included, TSan about 10.
 core_tests=(chorus_unit_tests chorus_ranks_tests chorus_mp_tests chorus_mp_worker
             chorus_fault_tests)
 core_labels='^(unit|ranks|mp)$'
@@ -59,7 +64,8 @@ default_matrix='^ranks:.* matrix with [0-9]+ ranks$'
 second_rank_count='^mp:multi-process matrix (over shared memory with 4|over TCP with 2|over UCX \(tcp\) with 2|over UCX \(shared memory\) with 4) ranks$'
 asan_exclude="$not_instrumented|$default_matrix|$second_rank_count"
 asan_datatypes=int8,half,float,double
-tsan_exclude="$not_instrumented|$default_matrix|$second_rank_count|^fault:a frozen peer|UCX|^unit:ucx:"
+protocol_variants='^mp:multi-process matrix over (shared memory with 2 ranks|shared memory, (every message by reference|registered buffers, every message mapped|no message by reference|registered buffers, chunks over 3 paths)|TCP, chunks over 3 paths per peer)$'
+tsan_exclude="$not_instrumented|$default_matrix|$second_rank_count|$protocol_variants|^fault:a frozen peer|UCX|^unit:ucx:"
 tsan_datatypes=float
 
 configure_build() {  # dir, extra cmake arguments...
@@ -117,24 +123,38 @@ stage_fuzz() {
   export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
   # Every committed input (seeds and reproducers of fixed crashes) must pass.
   ctest --test-dir build-fuzz -j"$jobs" --output-on-failure --no-tests=error -L fuzz
-  local summary=""
+  # The targets run side by side, `jobs` at a time (libFuzzer uses one core each).
+  local targets=() pids=() failed=()
   for bin in build-fuzz/tests/fuzz/fuzz_*; do
     local t=${bin##*/fuzz_}
     [ "$t" != seeds ] || continue
-    local work=build-fuzz/corpus/$t log=build-fuzz/fuzz_$t.log
-    mkdir -p "$work" build-fuzz/artifacts
+    targets+=("$t")
+  done
+  mkdir -p build-fuzz/artifacts
+  for t in "${targets[@]}"; do
+    while [ "$(jobs -rp | wc -l)" -ge "$jobs" ]; do sleep 0.5; done  # exits are reaped below
     # New inputs go to build-fuzz/corpus/<target>; the committed corpus is only read.
-    if ! "$bin" -max_total_time="$fuzz_seconds" -timeout=10 -print_final_stats=1 \
-      -artifact_prefix="build-fuzz/artifacts/$t-" "$work" "tests/fuzz/corpus/$t" > "$log" 2>&1; then
+    mkdir -p "build-fuzz/corpus/$t"
+    "build-fuzz/tests/fuzz/fuzz_$t" -max_total_time="$fuzz_seconds" -timeout=10 \
+      -print_final_stats=1 -artifact_prefix="build-fuzz/artifacts/$t-" "build-fuzz/corpus/$t" \
+      "tests/fuzz/corpus/$t" > "build-fuzz/fuzz_$t.log" 2>&1 &
+    pids+=($!)
+  done
+  local summary="" i
+  for i in "${!targets[@]}"; do
+    local t=${targets[$i]} log=build-fuzz/fuzz_${targets[$i]}.log
+    if ! wait "${pids[$i]}"; then
       tail -n 60 "$log"
       echo "sanitizers.sh: fuzz_$t failed; its input is in build-fuzz/artifacts/" \
         "(tests/fuzz/README.md: when it finds something)" >&2
-      return 1
+      failed+=("$t")
+      continue
     fi
     local runs
     runs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -n 1)
     summary+=$(printf '  %-16s %10s executions in %s s\n' "$t" "${runs:-?}" "$fuzz_seconds")$'\n'
   done
+  [ ${#failed[@]} -eq 0 ] || return 1
   printf 'fuzzing:\n%s' "$summary"
   unset ASAN_OPTIONS LSAN_OPTIONS UBSAN_OPTIONS
 }
