@@ -49,7 +49,7 @@ da=crd0-$tag db=crd1-$tag        # the RDMA link
 ha=crh0-$tag hb=crh1-$tag        # the hosts' TCP link (routed mode)
 rxa=rxe_h0_$tag rxb=rxe_h1_$tag
 ipa=10.233.0.1 ipb=10.233.0.2
-local_moved=0 old_all_rp=
+local_moved=0 old_all_rp= old_backlog=
 cleanup() {
   set +e
   rdma link delete "$rxa" 2> /dev/null
@@ -64,6 +64,7 @@ cleanup() {
     ip rule del pref 1000 lookup local
   fi
   [ -z "$old_all_rp" ] || sysctl -qw net.ipv4.conf.all.rp_filter="$old_all_rp"
+  [ -z "$old_backlog" ] || sysctl -qw net.core.netdev_max_backlog="$old_backlog"
   ip netns del "$nsa" 2> /dev/null
   ip netns del "$nsb" 2> /dev/null
 }
@@ -97,6 +98,9 @@ if [ "$mode" = routed ]; then
   # two rules that send A->B out of A's end and B->A out of B's end, and each end accepts
   # packets from a local source address.
   old_all_rp=$(sysctl -n net.ipv4.conf.all.rp_filter)
+  # a veth delivers through the per-CPU backlog (1000 packets by default); rxe sends bursts
+  old_backlog=$(sysctl -n net.core.netdev_max_backlog)
+  sysctl -qw net.core.netdev_max_backlog=100000
   sysctl -qw net.ipv4.conf.all.rp_filter=0
   for d in "$da" "$db"; do
     sysctl -qw "net.ipv4.conf.$d.rp_filter=0" "net.ipv4.conf.$d.accept_local=1"
