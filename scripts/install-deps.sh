@@ -3,7 +3,8 @@
 # Installs the Debian 12 packages Chorus needs. Idempotent: packages already present are not
 # touched and apt is not called at all when nothing is missing.
 #
-#   scripts/install-deps.sh            build + test dependencies
+#   scripts/install-deps.sh            build + test dependencies, and the soft-RoCE guest's
+#                                      (the rdma stage: scripts/rxe-guest.sh, tests/rdma/)
 #   scripts/install-deps.sh --bench    also the peers measured by bench/ (Open MPI, PyTorch/Gloo, plots)
 set -euo pipefail
 
@@ -11,9 +12,12 @@ build_pkgs=(build-essential cmake pkg-config git libfmt-dev libhwloc-dev hwloc-n
             libbenchmark-dev libssl-dev libibverbs-dev librdmacm-dev rdma-core ibverbs-utils
             libucx-dev ucx-utils openmpi-bin libopenmpi-dev clang libclang-rt-14-dev llvm binutils
             iproute2 procps)
+# The soft-RoCE guest boots Debian's kernel (downloaded by scripts/rxe-guest.sh, not installed)
+# in QEMU with a static busybox as its init; the rdma tests use perftest's and rdma-core's tools.
+rdma_pkgs=(qemu-system-x86 busybox-static xz-utils perftest rdmacm-utils)
 bench_pkgs=(python3-torch python3-numpy gnuplot-nox python3-matplotlib)
 
-want=("${build_pkgs[@]}")
+want=("${build_pkgs[@]}" "${rdma_pkgs[@]}")
 for arg in "$@"; do
   case "$arg" in
     --bench) want+=("${bench_pkgs[@]}") ;;

@@ -164,4 +164,5 @@ for s in "${stages[@]}"; do
   echo "==== sanitizers.sh: $s"
   "stage_$s"
   echo "==== sanitizers.sh: $s passed in $(($(date +%s) - start)) s"
+  echo "stage time: $s $(($(date +%s) - start)) s"
 done

@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: Apache-2.0
 # Installs what is needed, builds, and runs the whole test suite (README command 2; .ci/run):
-# the ctest suite of the normal build, then the core suite under ASan+UBSan and under TSan and
-# a short run of every fuzzer (scripts/sanitizers.sh).
+# the ctest suite of the normal build, the tests that need an RDMA device (label rdma) in the
+# soft-RoCE guest (scripts/test-rdma.sh), then the core suite under ASan+UBSan and under TSan
+# and a short run of every fuzzer (scripts/sanitizers.sh). Each stage prints "stage time:".
 #   scripts/test.sh                      everything
 #   scripts/test.sh [ctest arguments]    the normal build's ctest only, e.g. scripts/test.sh -L unit
-#   CHORUS_TEST_STAGES="test asan tsan fuzz" scripts/test.sh   chosen stages (default: all of
+#   CHORUS_TEST_STAGES="test rdma asan tsan fuzz" scripts/test.sh   chosen stages (default: all of
 #                                        them, or "test" when ctest arguments are given)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -15,7 +16,7 @@ echo "stage time: install-deps $(($(date +%s) - total)) s"
 if [ $# -gt 0 ]; then
   stages=${CHORUS_TEST_STAGES:-test}
 else
-  stages=${CHORUS_TEST_STAGES:-test asan tsan fuzz}
+  stages=${CHORUS_TEST_STAGES:-test rdma asan tsan fuzz}
 fi
 jobs=$(nproc)
 if [[ " $stages " == *" test "* ]]; then
@@ -24,8 +25,14 @@ if [[ " $stages " == *" test "* ]]; then
   cmake --build build-test -j"$jobs"
   echo "stage time: build $(($(date +%s) - start)) s"
   start=$(date +%s)
-  ctest --test-dir build-test -j"$jobs" --output-on-failure --no-tests=error "$@"
+  # Label rdma needs an RDMA device: the rdma stage runs it in the soft-RoCE guest.
+  ctest --test-dir build-test -j"$jobs" --output-on-failure --no-tests=error -LE rdma "$@"
   echo "stage time: test suite $(($(date +%s) - start)) s"
+fi
+if [[ " $stages " == *" rdma "* ]]; then
+  start=$(date +%s)
+  scripts/test-rdma.sh
+  echo "stage time: rdma $(($(date +%s) - start)) s"
 fi
 sanitizer_stages=()
 for s in asan tsan fuzz; do

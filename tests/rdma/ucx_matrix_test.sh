@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
+# The multi-process collective matrix (tests/mp/mp_worker.cc, as the UCX tcp/shared-memory
+# matrix of tests/mp/mp_test.cc) with Chorus's UCX transport forced and UCX's data on the RDMA
+# device: UCX_TLS=rc_verbs,tcp,self, UCX_NET_DEVICES=<device>:1,<the host's TCP interface>.
+# rc_verbs carries the data; it connects endpoint to endpoint, so UCX needs a second transport
+# for its wire-up messages. That is normally ud_verbs (UCX_TLS=rc_v), but UCX 1.13's ud_verbs
+# does not work over rxe here (ucx_perftest -t tag_lat with UCX_TLS=ud_v,self aborts with an
+# endpoint timeout after 30 s, while ib_send_bw -c UD passes on the same device), so the wire-up
+# goes over tcp on the host's own interface (lo, or the host's veth under two_hosts.sh). The
+# device's sent_pkts counter must grow by at least CHORUS_RDMA_MIN_PACKETS (50000; the 2-rank
+# matrix sends ~360000 1 KiB packets), and under two_hosts.sh the link between the hosts must
+# carry packets too.
+#   ucx_matrix_test.sh CHORUS_RUN WORKER NRANKS [worker args...]
+# Single host: all ranks on $CHORUS_RDMA_DEV / $RXE_DEV / the first device. Under two_hosts.sh
+# (CHORUS_RDMA_NETNS set): rank r runs in host r % 2's namespace on host r % 2's device
+# (rank_device.sh). UCX_TLS may be overridden with CHORUS_RDMA_UCX_TLS. Exit 77 without an
+# RDMA device.
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+# shellcheck source=rdma_lib.sh
+. "$here/rdma_lib.sh"
+run=$1 worker=$2 nranks=$3
+shift 3
+rdma_require_device
+export CHORUS_TRANSPORT=UCX
+export UCX_TLS=${CHORUS_RDMA_UCX_TLS:-rc_verbs,tcp,self}
+min_packets=${CHORUS_RDMA_MIN_PACKETS:-50000}
+# Memory locked by registrations: the guest runs as root, but say it for other machines too.
+ulimit -l unlimited 2> /dev/null || true
+if [ -n "${CHORUS_RDMA_NETNS:-}" ]; then
+  devices=$CHORUS_RDMA_DEVICES
+  launch=(ip netns exec "${CHORUS_RDMA_NETNS%%,*}" "$run" -n "$nranks" --timeout 600
+          --netns "$CHORUS_RDMA_NETNS" "$here/rank_device.sh" "$worker" "$@")
+else
+  devices=$(rdma_default_device)
+  export UCX_NET_DEVICES=$devices:1,lo
+  launch=("$run" -n "$nranks" --timeout 600 "$worker" "$@")
+fi
+IFS=, read -ra devs <<< "$devices"
+before=()
+for d in "${devs[@]}"; do before+=("$(rdma_counter "$d" sent_pkts)"); done
+wire0=
+if [ -n "${CHORUS_RDMA_LINKS:-}" ]; then wire0=$(rdma_link_tx_packets "${CHORUS_RDMA_LINKS%%,*}"); fi
+echo "UCX_TLS=$UCX_TLS devices ${devices}${CHORUS_RDMA_NETNS:+ hosts $CHORUS_RDMA_NETNS}: ${launch[*]}"
+start=$(date +%s)
+if ! "${launch[@]}"; then
+  for d in "${devs[@]}"; do
+    echo "$d counters: $(cd "/sys/class/infiniband/$d/ports/1/hw_counters" && grep -H . * | tr '\n' ' ')"
+  done
+  exit 1
+fi
+echo "matrix: $nranks ranks passed in $(($(date +%s) - start)) s"
+for i in "${!devs[@]}"; do
+  after=$(rdma_counter "${devs[$i]}" sent_pkts)
+  echo "${devs[$i]} sent_pkts: ${before[$i]} -> $after"
+  if [ $((after - before[i])) -lt "$min_packets" ]; then
+    echo "FAIL: ${devs[$i]} sent fewer than $min_packets packets: the data did not go over RDMA"
+    exit 1
+  fi
+done
+if [ -n "$wire0" ]; then
+  wire1=$(rdma_link_tx_packets "${CHORUS_RDMA_LINKS%%,*}")
+  echo "link ${CHORUS_RDMA_LINKS%%,*} tx_packets: $wire0 -> $wire1"
+  if [ $((wire1 - wire0)) -lt 1000 ]; then
+    echo "FAIL: no RDMA traffic crossed the link between the hosts"
+    exit 1
+  fi
+fi
