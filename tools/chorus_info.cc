@@ -61,7 +61,7 @@ void print_transports() {
 #if CHORUS_HAVE_VERBS
   int n = 0;
   ibv_device** devs = ibv_get_device_list(&n);
-  fmt::print("  rdma    {} ibverbs device(s){} (the verbs transport is not built yet)\n", n,
+  fmt::print("  rdma    {} ibverbs device(s){} (the verbs transport is opt-in: CHORUS_TRANSPORT=VERBS)\n", n,
              n > 0 ? fmt::format(", first {}", ibv_get_device_name(devs[0])) : "");
   if (devs) ibv_free_device_list(devs);
 #endif

@@ -74,6 +74,26 @@ IntParam kStreamCopyBytes("STREAM_COPY_BYTES", nullptr, 256 << 10, 0, 1ll << 40,
 IntParam kTcpBounceBytes("TCP_BOUNCE_BYTES", nullptr, 1 << 20, 4 << 10, 1ll << 30,
                          "staging buffer a TCP receive reduces from");
 
+StringParam kIbHca("IB_HCA", "IB_HCA", "", nullptr,
+                   "RDMA devices and ports the verbs transport may use: comma-separated "
+                   "name[:port] prefixes, ^ to exclude, = for exact names (NCCL syntax); empty = "
+                   "the first active port");
+IntParam kIbGidIndex("IB_GID_INDEX", "IB_GID_INDEX", -1, -1, 65535,
+                     "GID index of the verbs transport's port; -1 = automatic (RoCE v2 with an "
+                     "IPv4-mapped address first)");
+IntParam kIbTimeout("IB_TIMEOUT", "IB_TIMEOUT", 20, 1, 31,
+                    "verbs QP ACK timeout exponent: 4.096 us x 2^value per retry");
+IntParam kIbRetryCnt("IB_RETRY_CNT", "IB_RETRY_CNT", 7, 0, 7,
+                     "verbs QP retransmissions before a work request fails");
+IntParam kIbTc("IB_TC", "IB_TC", 0, 0, 255, "verbs traffic class (DSCP << 2) of RoCE packets");
+IntParam kIbSl("IB_SL", "IB_SL", 0, 0, 15, "verbs service level");
+IntParam kIbSlots("IB_SLOTS", nullptr, 16, 4, 256,
+                  "slots of each verbs receive ring (one per peer and channel); equal on every "
+                  "rank");
+IntParam kIbSlotBytes("IB_SLOT_BYTES", nullptr, 64 << 10, 4 << 10, 8 << 20,
+                      "bytes of each verbs ring slot (64 of header, then payload; a multiple of "
+                      "64); equal on every rank");
+
 IntParam kTimeoutMs("TIMEOUT_MS", nullptr, 300000, 1, INT64_MAX,
                     "a collective that makes no progress for this long fails naming the peer");
 IntParam kSpinUs("SPIN_US", nullptr, 50, 0, 1000000,
@@ -108,7 +128,8 @@ const std::vector<Param*>& all() {
   static const std::vector<Param*> list = {
       &kDebug,        &kDebugSubsys,   &kDebugFile,    &kSocketIfname, &kSocketFamily,
       &kBootstrapTimeoutMs, &kConnectTimeoutMs, &kHostId, &kTransport, &kNumChannels,
-      &kPathChunkBytes, &kShmFifoBytes, &kShmCmaBytes,   &kShmMapBytes,   &kStreamCopyBytes, &kTcpBounceBytes, &kTimeoutMs,   &kSpinUs,       &kLivenessMs,
+      &kPathChunkBytes, &kShmFifoBytes, &kShmCmaBytes,   &kShmMapBytes,   &kStreamCopyBytes, &kTcpBounceBytes,
+      &kIbHca, &kIbGidIndex, &kIbTimeout, &kIbRetryCnt, &kIbTc, &kIbSl, &kIbSlots, &kIbSlotBytes, &kTimeoutMs,   &kSpinUs,       &kLivenessMs,
       &kFlightRecorderOps, &kCommBlocking,
       &kAlgo,         &kChunkBytes,    &kTuner,        &kTunerFile,   &kKernels,
       &kRegCacheBytes,

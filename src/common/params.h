@@ -114,6 +114,15 @@ extern IntParam kShmCmaBytes;
 extern IntParam kShmMapBytes;
 extern IntParam kStreamCopyBytes;
 extern IntParam kTcpBounceBytes;
+// RDMA verbs (transports/verbs).
+extern StringParam kIbHca;
+extern IntParam kIbGidIndex;
+extern IntParam kIbTimeout;
+extern IntParam kIbRetryCnt;
+extern IntParam kIbTc;
+extern IntParam kIbSl;
+extern IntParam kIbSlots;
+extern IntParam kIbSlotBytes;
 // Progress and waiting.
 extern IntParam kTimeoutMs;
 extern IntParam kSpinUs;

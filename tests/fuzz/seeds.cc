@@ -18,6 +18,9 @@
 #include "transports/shm/shm_connection.h"
 #include "transports/tcp/tcp_connection.h"
 #include "transports/tcp/tcp_transport.h"
+#if CHORUS_SEEDS_VERBS  // the build has the verbs transport
+#include "transports/verbs/verbs_wire.h"
+#endif
 
 using namespace chorus;
 using fuzz::put_le;
@@ -373,6 +376,31 @@ void shm_fifo() {
 
 }  // namespace
 
+#if CHORUS_SEEDS_VERBS
+// verbs_blob: the reader's rank byte, then a blob (verbs_blob_fuzz.cc).
+void verbs_blob() {
+  for (uint32_t nranks : {2u, 3u}) {
+    verbs::BlobInfo b;
+    b.link_layer = 2;
+    b.mtu = 3;
+    b.port = 1;
+    b.rank = 1;
+    b.nranks = nranks;
+    b.channels = nranks == 2 ? 1 : 2;
+    b.slots = 16;
+    b.slot_bytes = 65536;
+    b.ring_base = 0x7f3a12340000;
+    b.ring_rkey = 0x1f2e;
+    b.gid = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 10, 0, 2, 15};
+    b.qps.resize(size_t{nranks} * b.channels);
+    for (size_t i = 0; i < b.qps.size(); ++i)
+      if (i / b.channels != b.rank) b.qps[i] = verbs::QpEntry{static_cast<uint32_t>(0x11 + i), 0x5a5a5u};
+    write_seed("verbs_blob", nranks == 2 ? "two_ranks" : "three_ranks_two_channels",
+               std::string(1, '\0') + verbs::encode_blob(b));
+  }
+}
+#endif
+
 int main(int argc, char** argv) {
   if (argc != 2) {
     std::fprintf(stderr, "usage: %s <corpus dir>\n", argv[0]);
@@ -389,5 +417,8 @@ int main(int argc, char** argv) {
   tcp_farewell();
   shm_fifo();
   shm_farewell();
+#if CHORUS_SEEDS_VERBS
+  verbs_blob();
+#endif
   return 0;
 }

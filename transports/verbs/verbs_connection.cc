@@ -1,0 +1,572 @@
+// SPDX-License-Identifier: Apache-2.0
+// File: transports/verbs/verbs_connection.cc
+// Messages as slots: each slot is one signaled RDMA WRITE_WITH_IMM of a 64-byte header and up
+// to slot_bytes - 64 of payload into the receiver's ring, at most `slots` unconsumed at a time
+// (credits); the receiver copies or reduces each slot straight into the destination and
+// returns credits as 0-byte SEND_WITH_IMM. No verbs callbacks: the CQ is polled.
+#include "transports/verbs/verbs_connection.h"
+
+#include <endian.h>
+#include <sys/eventfd.h>
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <cstring>
+#include <thread>
+
+#include "common/clock.h"
+#include "common/log.h"
+
+namespace chorus::verbs {
+
+namespace {
+
+constexpr int kFarewellDrainMs = 200;  // how long a farewell may take to be acknowledged
+// Closing: the goodbye is best effort (a peer closing at the same time no longer acknowledges).
+constexpr int kGoodbyeDrainMs = 50;
+constexpr int kFailDrainMs = 500;      // how long the HCA may keep the caller's buffers
+
+// An fd that is always readable: poll_fd() returns it while completions wait to be handled,
+// so the caller progresses instead of sleeping. Never closed.
+int always_ready_fd() {
+  static const int fd = [] {
+    int e = eventfd(1, EFD_CLOEXEC);
+    return e;
+  }();
+  return fd;
+}
+
+const char* wr_name(uint64_t wr_id) {
+  switch (wr_id) {
+    case 1: return "slot write";
+    case 2: return "credit";
+    case 3: return "hello";
+    case 4: return "farewell";
+    case 5: return "receive";
+    default: return "work request";
+  }
+}
+
+}  // namespace
+
+Rings::~Rings() {
+  rx_mr.reset();
+  tx_mr.reset();
+  if (rx != nullptr) ::munmap(rx, bytes);
+  if (tx != nullptr) ::munmap(tx, bytes);
+}
+
+template <typename Done>
+void VerbsConnection::drain(int ms, Done done) {
+  Deadline deadline = Deadline::after_ms(ms);
+  while (!done() && !deadline.expired()) {
+    if (!poll_cq()) std::this_thread::yield();
+  }
+}
+
+VerbsConnection::VerbsConnection(ConnectionSetup setup)
+    : Connection(setup.peer, setup.channel), s_(std::move(setup)), written_(s_.slots) {
+  credit_threshold_ = std::max<uint32_t>(1, s_.slots / 4);
+  recv_posted_ = static_cast<int>(s_.qp.recv_depth);  // create_qp posted them
+  Hello h{kHelloMagic, static_cast<uint32_t>(s_.my_rank), static_cast<uint32_t>(s_.peer),
+          static_cast<uint32_t>(s_.channel), s_.comm_uid, qpn(), 0};
+  std::memcpy(tx_aux() + kHelloOffset, &h, sizeof(h));
+  ibv_sge sge{reinterpret_cast<uintptr_t>(tx_aux() + kHelloOffset), static_cast<uint32_t>(sizeof(h)),
+              s_.rings->tx_mr->lkey};
+  post_wr(kWrHello, IBV_WR_RDMA_WRITE_WITH_IMM, kImmHello, &sge, 1,
+          uint64_t{s_.slots} * s_.slot_bytes + kHelloOffset);
+}
+
+VerbsConnection::~VerbsConnection() {
+  if (!broken_) {
+    // A peer still waiting for us learns at once that we are gone.
+    if (!farewell_sent_) send_farewell(Code::kOk, "");
+    broken_ = true;
+    if (farewell_sent_) drain(kGoodbyeDrainMs, [&] { return farewell_done_; });
+  }
+  // Sends must be flushed before the QP goes; receives carry no buffers and go with it.
+  qp_to_error(s_.qp.qp.get());
+  drain(kFarewellDrainMs, [&] { return sq_outstanding_ == 0; });
+  ibv_cq* cq = nullptr;
+  void* cq_ctx = nullptr;
+  unsigned events = 0;
+  while (ibv_get_cq_event(s_.qp.channel.get(), &cq, &cq_ctx) == 0) ++events;
+  if (events > 0) ibv_ack_cq_events(s_.qp.cq.get(), events);
+}
+
+// ---- Work requests --------------------------------------------------------------------------
+
+bool VerbsConnection::post_wr(WrKind kind, ibv_wr_opcode opcode, uint32_t imm, ibv_sge* sge,
+                              int nsge, uint64_t remote_offset) {
+  ibv_send_wr wr{};
+  ibv_send_wr* bad = nullptr;
+  wr.wr_id = kind;
+  wr.sg_list = sge;
+  wr.num_sge = nsge;
+  wr.opcode = opcode;
+  wr.send_flags = IBV_SEND_SIGNALED;
+  wr.imm_data = htobe32(imm);
+  if (opcode != IBV_WR_SEND_WITH_IMM) {
+    wr.wr.rdma.remote_addr = s_.remote_ring + remote_offset;
+    wr.wr.rdma.rkey = s_.remote_rkey;
+  }
+  if (int rc = ibv_post_send(s_.qp.qp.get(), &wr, &bad); rc != 0) {
+    if (!broken_) {
+      fail_all(remote_error("verbs: rank {} could not post a {} to {} on {} QP {:#x}: {} {}",
+                            s_.my_rank, wr_name(kind), s_.peer_label, s_.rings->device->name(),
+                            qpn(), std::strerror(rc), situation()),
+               false);
+    }
+    return false;
+  }
+  ++sq_outstanding_;
+  return true;
+}
+
+bool VerbsConnection::post_receives(int n) {
+  for (int i = 0; i < n; ++i) {
+    ibv_recv_wr wr{};
+    ibv_recv_wr* bad = nullptr;
+    wr.wr_id = kWrRecv;
+    wr.num_sge = 0;  // immediate data only: slot payloads land by RDMA WRITE
+    if (int rc = ibv_post_recv(s_.qp.qp.get(), &wr, &bad); rc != 0) {
+      fail_all(remote_error("verbs: rank {} could not post a receive on {} QP {:#x} to {}: {}",
+                            s_.my_rank, s_.rings->device->name(), qpn(), s_.peer_label,
+                            std::strerror(rc)),
+               false);
+      return false;
+    }
+    ++recv_posted_;
+  }
+  return true;
+}
+
+void VerbsConnection::post_send(SendRequest* req) {
+  if (broken_) {
+    req->fail();
+    return;
+  }
+  sends_.push(req);
+}
+
+void VerbsConnection::post_recv(RecvRequest* req) {
+  if (broken_) {
+    req->fail();
+    return;
+  }
+  recvs_.push(req);
+  Status st = check_reducing_receive(*req, peer());
+  if (!st.ok()) fail_all(std::move(st), true);
+}
+
+// ---- Completions ----------------------------------------------------------------------------
+
+int VerbsConnection::poll_fd(short* events) const {
+  if (broken_) return -1;
+  *events = POLLIN;
+  ibv_cq* cq = nullptr;
+  void* cq_ctx = nullptr;
+  unsigned acked = 0;
+  while (ibv_get_cq_event(s_.qp.channel.get(), &cq, &cq_ctx) == 0) ++acked;
+  if (acked > 0) ibv_ack_cq_events(s_.qp.cq.get(), acked);
+  if (ibv_req_notify_cq(s_.qp.cq.get(), 0) != 0) return always_ready_fd();
+  // A completion that came before the arm raises no event: look once more.
+  if (stash_n_ == 0) stash_n_ = std::max(0, ibv_poll_cq(s_.qp.cq.get(), kBatch, stash_.data()));
+  if (stash_n_ > 0) return always_ready_fd();
+  return s_.qp.channel->fd;
+}
+
+bool VerbsConnection::poll_cq() {
+  bool moved = false;
+  std::array<ibv_wc, kBatch> wcs;
+  for (;;) {
+    int n = 0;
+    if (stash_n_ > 0) {
+      n = stash_n_;
+      std::copy_n(stash_.begin(), n, wcs.begin());
+      stash_n_ = 0;
+    } else {
+      n = ibv_poll_cq(s_.qp.cq.get(), kBatch, wcs.data());
+      if (n < 0) {
+        if (!broken_) {
+          fail_all(remote_error("verbs: ibv_poll_cq failed on {} QP {:#x} (to {})",
+                                s_.rings->device->name(), qpn(), s_.peer_label),
+                   false);
+        }
+        return true;
+      }
+      if (n == 0) return moved;
+    }
+    moved = true;
+    for (int i = 0; i < n; ++i) on_completion(wcs[i]);
+  }
+}
+
+bool VerbsConnection::on_completion(const ibv_wc& wc) {
+  if (wc.wr_id == kWrRecv) {
+    --recv_posted_;
+  } else {
+    --sq_outstanding_;
+    if (wc.wr_id == kWrFarewell) farewell_done_ = true;
+  }
+  if (broken_) return false;  // flushed, or late: bookkeeping only
+  if (wc.status != IBV_WC_SUCCESS) {
+    fail_all(wc_error(wc), false);
+    return false;
+  }
+  switch (wc.wr_id) {
+    case kWrSlot:
+      ++tx_done_;
+      return true;
+    case kWrCredit:
+      credit_in_flight_ = false;
+      return true;
+    case kWrHello:
+      hello_sent_ = true;
+      return true;
+    case kWrFarewell:
+      return true;
+    case kWrRecv:
+      return on_receive(wc);
+    default:
+      fail_all(internal_error("verbs: completion with unknown id {} on QP {:#x}", wc.wr_id, qpn()),
+               false);
+      return false;
+  }
+}
+
+bool VerbsConnection::on_receive(const ibv_wc& wc) {
+  if (!post_receives(1)) return false;
+  const RecvRequest* front = recvs_.empty() ? nullptr : recvs_.front();
+  if ((wc.wc_flags & IBV_WC_WITH_IMM) == 0) {
+    fail_all(corrupt(front, "a message without immediate data"), true);
+    return false;
+  }
+  const uint32_t imm = be32toh(wc.imm_data);
+  if (is_slot_imm(imm)) {
+    if (wc.opcode != IBV_WC_RECV_RDMA_WITH_IMM || imm != slot_imm(rx_arrived_) ||
+        rx_arrived_ - rx_seq_ >= s_.slots) {
+      fail_all(corrupt(front, fmt::format("slot write {:#x} where slot {} was due ({} of {} "
+                                          "slots unconsumed)",
+                                          imm, rx_arrived_, rx_arrived_ - rx_seq_, s_.slots)),
+               true);
+      return false;
+    }
+    ++rx_arrived_;
+    return true;
+  }
+  if (is_credit_imm(imm)) {
+    const uint64_t consumed = widen_credit(tx_credit_, imm);
+    if (consumed > tx_seq_) {
+      fail_all(corrupt(front, fmt::format("credit for {} slots when {} were sent", consumed,
+                                          tx_seq_)),
+               true);
+      return false;
+    }
+    tx_credit_ = consumed;
+    return true;
+  }
+  if (imm == kImmHello) return check_hello();
+  if (imm == kImmFarewell) {
+    read_farewell();
+    return true;
+  }
+  fail_all(corrupt(front, fmt::format("immediate data {:#x}", imm)), true);
+  return false;
+}
+
+bool VerbsConnection::check_hello() {
+  Hello h{};
+  std::memcpy(&h, rx_aux() + kHelloOffset, sizeof(h));
+  if (hello_received_ || h.magic != kHelloMagic || h.from != static_cast<uint32_t>(s_.peer) ||
+      h.to != static_cast<uint32_t>(s_.my_rank) || h.channel != static_cast<uint32_t>(s_.channel) ||
+      h.comm_uid != s_.comm_uid || h.qpn != s_.remote_qpn) {
+    fail_all(remote_error("verbs: the hello from {} on channel {} was rejected: it names rank {} "
+                          "-> {} channel {} QP {:#x} of communicator {:#x} (magic {:#x}{}), not "
+                          "rank {} -> {} channel {} QP {:#x} of {:#x}",
+                          s_.peer_label, s_.channel, h.from, h.to, h.channel, h.qpn, h.comm_uid,
+                          h.magic, hello_received_ ? ", a second one" : "", s_.peer, s_.my_rank,
+                          s_.channel, s_.remote_qpn, s_.comm_uid),
+             true);
+    return false;
+  }
+  hello_received_ = true;
+  return true;
+}
+
+void VerbsConnection::read_farewell() {
+  FarewellHeader h{};
+  std::memcpy(&h, rx_aux() + kFarewellOffset, sizeof(h));
+  fw_arrived_ = true;
+  if (h.magic != kFarewellMagic || h.bytes > kMaxFarewellBytes) {
+    fw_wire_code_ = static_cast<uint32_t>(Code::kRemoteError);
+    fw_text_ = "(a malformed farewell)";
+    return;
+  }
+  fw_wire_code_ = h.code;
+  fw_text_.assign(reinterpret_cast<const char*>(rx_aux() + kFarewellOffset + sizeof(h)), h.bytes);
+}
+
+// ---- Data -----------------------------------------------------------------------------------
+
+bool VerbsConnection::progress() {
+  if (broken_) return false;
+  bool moved = poll_cq();
+  if (!broken_) moved |= progress_sends();
+  if (!broken_) moved |= progress_recvs();
+  if (!broken_) maybe_send_credit();
+  if (broken_) return true;
+  if (std::string why = s_.rings->device->failure(qpn()); !why.empty()) {
+    fail_all(remote_error("verbs: {} for {} QP {:#x} (to {}) {}", why, s_.rings->device->name(),
+                          qpn(), s_.peer_label, situation()),
+             false);
+    return true;
+  }
+  // The peer's farewell counts once the data that came before it is consumed, and only while
+  // something waits here (a peer that sent its last message and left is no failure).
+  if (!idle() && check_gone()) return true;
+  return moved;
+}
+
+// The registered range's MR that covers the whole of a send's buffer, or null.
+static const ibv_mr* mr_covering(const SendRequest& req) {
+  if (req.key == nullptr) return nullptr;
+  const ibv_mr* mr = static_cast<const MrKey*>(req.key)->mr();
+  const auto base = reinterpret_cast<uintptr_t>(mr->addr);
+  const auto buf = reinterpret_cast<uintptr_t>(req.buf);
+  if (buf < base || buf - base > mr->length || mr->length - (buf - base) < req.bytes) return nullptr;
+  return mr;
+}
+
+bool VerbsConnection::progress_sends() {
+  bool moved = false;
+  while (!sends_.empty() && !broken_) {
+    if (tx_seq_ - tx_credit_ >= s_.slots || tx_seq_ - tx_done_ >= s_.slots) break;
+    SendRequest* req = sends_.front();
+    const size_t n = std::min(payload_bytes(), req->bytes - send_offset_);
+    uint8_t* slot = tx_slot(tx_seq_);
+    SlotHeader h{};
+    h.magic = kSlotMagic;
+    h.payload = static_cast<uint32_t>(n);
+    h.tag = req->tag;
+    h.total = req->bytes;
+    h.offset = send_offset_;
+    h.seq = tx_seq_;
+    std::memcpy(slot, &h, sizeof(h));
+    const auto* src = static_cast<const uint8_t*>(req->buf) + send_offset_;
+    ibv_sge sge[2];
+    sge[0].addr = reinterpret_cast<uintptr_t>(slot);
+    sge[0].lkey = s_.rings->tx_mr->lkey;
+    int nsge = 1;
+    const ibv_mr* mr = n > 0 ? mr_covering(*req) : nullptr;
+    if (mr != nullptr) {  // registered: the HCA reads the payload where it is
+      sge[0].length = kSlotHeaderBytes;
+      sge[1].addr = reinterpret_cast<uintptr_t>(src);
+      sge[1].length = static_cast<uint32_t>(n);
+      sge[1].lkey = mr->lkey;
+      nsge = 2;
+    } else {
+      if (n > 0) std::memcpy(slot + kSlotHeaderBytes, src, n);
+      sge[0].length = static_cast<uint32_t>(kSlotHeaderBytes + n);
+    }
+    if (!post_wr(kWrSlot, IBV_WR_RDMA_WRITE_WITH_IMM, slot_imm(tx_seq_), sge, nsge,
+                 (tx_seq_ % s_.slots) * s_.slot_bytes)) {
+      return true;
+    }
+    ++tx_seq_;
+    send_offset_ += n;
+    moved = true;
+    req->bytes_done.store(send_offset_, std::memory_order_relaxed);
+    if (send_offset_ == req->bytes) {
+      sends_.pop();
+      written_[(written_head_ + written_count_) % written_.size()] = {req, tx_seq_};
+      ++written_count_;
+      send_offset_ = 0;
+    }
+  }
+  while (written_count_ > 0 && written_[written_head_].second <= tx_done_) {
+    SendRequest* req = written_[written_head_].first;
+    written_head_ = (written_head_ + 1) % written_.size();
+    --written_count_;
+    moved = true;
+    req->complete();  // the caller may free it now
+  }
+  return moved;
+}
+
+bool VerbsConnection::progress_recvs() {
+  bool moved = false;
+  while (!recvs_.empty() && rx_seq_ < rx_arrived_ && !broken_) {
+    RecvRequest* req = recvs_.front();
+    const uint8_t* slot = rx_slot(rx_seq_);
+    SlotHeader h{};
+    std::memcpy(&h, slot, sizeof(h));
+    std::string bad = check_slot(h, rx_seq_, rx_in_message_ ? rx_offset_ : 0, rx_total_,
+                                 s_.slot_bytes);
+    if (!bad.empty()) {
+      fail_all(corrupt(req, bad), true);
+      return true;
+    }
+    if (!rx_in_message_) {
+      if (Status st = accept_incoming(req, h.tag, h.total, peer(), s_.my_rank); !st.ok()) {
+        fail_all(std::move(st), true);
+        return true;
+      }
+      rx_in_message_ = true;
+      rx_total_ = h.total;
+      rx_offset_ = 0;
+    }
+    if (h.payload > 0) {
+      const uint8_t* payload = slot + kSlotHeaderBytes;
+      auto* dst = static_cast<uint8_t*>(req->dst) + rx_offset_;
+      if (req->reduce != nullptr) {
+        if (h.payload % req->elem_size != 0) {
+          fail_all(corrupt(req, fmt::format("a slot of {} bytes for {}-byte elements", h.payload,
+                                            req->elem_size)),
+                   true);
+          return true;
+        }
+        const auto* src = static_cast<const uint8_t*>(req->src != nullptr ? req->src : req->dst);
+        req->reduce(dst, src + rx_offset_, payload, h.payload / req->elem_size);
+      } else {
+        std::memcpy(dst, payload, h.payload);
+      }
+    }
+    rx_offset_ += h.payload;
+    ++rx_seq_;
+    moved = true;
+    req->bytes_done.store(rx_offset_, std::memory_order_relaxed);
+    if (rx_offset_ == rx_total_) {
+      rx_in_message_ = false;
+      recvs_.pop();
+      req->complete();  // the caller may free it now
+    }
+  }
+  return moved;
+}
+
+void VerbsConnection::maybe_send_credit() {
+  if (credit_in_flight_ || broken_) return;
+  if (rx_seq_ - credit_sent_ < credit_threshold_) return;
+  if (!post_wr(kWrCredit, IBV_WR_SEND_WITH_IMM, credit_imm(rx_seq_), nullptr, 0, 0)) return;
+  credit_sent_ = rx_seq_;
+  credit_in_flight_ = true;
+}
+
+bool VerbsConnection::peek(MsgTag* tag, uint64_t* bytes) {
+  if (broken_ || !recvs_.empty()) return false;
+  progress();
+  if (broken_) return false;
+  if (rx_seq_ < rx_arrived_) {
+    SlotHeader h{};
+    std::memcpy(&h, rx_slot(rx_seq_), sizeof(h));
+    if (std::string bad = check_slot(h, rx_seq_, 0, 0, s_.slot_bytes); !bad.empty()) {
+      fail_all(corrupt(nullptr, bad), true);
+      return false;
+    }
+    *tag = h.tag;
+    *bytes = h.total;
+    return true;
+  }
+  check_gone();  // nothing arrived: a peer that has gone sends nothing more
+  return false;
+}
+
+// ---- Farewell and errors --------------------------------------------------------------------
+
+void VerbsConnection::farewell(const Status& why) {
+  if (broken_ || why.ok()) return;
+  send_farewell(why.code(), why.message());
+}
+
+void VerbsConnection::send_farewell(Code code, const std::string& reason) {
+  if (farewell_sent_) return;
+  farewell_sent_ = true;
+  const std::string text = reason.substr(0, kMaxFarewellBytes);
+  FarewellHeader h{kFarewellMagic, static_cast<uint32_t>(code), text.size()};
+  uint8_t* out = tx_aux() + kFarewellOffset;
+  std::memcpy(out, &h, sizeof(h));
+  std::memcpy(out + sizeof(h), text.data(), text.size());
+  ibv_sge sge{reinterpret_cast<uintptr_t>(out), static_cast<uint32_t>(sizeof(h) + text.size()),
+              s_.rings->tx_mr->lkey};
+  if (!post_wr(kWrFarewell, IBV_WR_RDMA_WRITE_WITH_IMM, kImmFarewell, &sge, 1,
+               uint64_t{s_.slots} * s_.slot_bytes + kFarewellOffset)) {
+    farewell_done_ = true;
+  }
+}
+
+bool VerbsConnection::check_gone() {
+  if (!fw_arrived_ || rx_seq_ < rx_arrived_) return false;
+  if (fw_wire_code_ == 0) {
+    fail_all(remote_error("verbs: {} closed its end of verbs channel {} (its communicator went "
+                          "away) {}",
+                          s_.peer_label, s_.channel, situation()),
+             false);
+  } else {
+    fail_all(Status(farewell_code(fw_wire_code_),
+                    fmt::format("{} gave up {}: {}", s_.peer_label, situation(), fw_text_)),
+             false);
+  }
+  return true;
+}
+
+void VerbsConnection::fail_all(Status status, bool tell_peer) {
+  if (broken_) return;
+  broken_ = true;
+  if (tell_peer) send_farewell(status.code(), status.message());
+  if (idle()) {
+    CHORUS_INFO(kNet, "{}", status.message());
+  } else {
+    CHORUS_WARN(kNet, "{}", status.message());
+  }
+  set_error(std::move(status));
+  // The farewell goes out first; then the QP stops, and its flushed work requests tell that
+  // the HCA no longer reads the caller's buffers (registered sends are read in place).
+  if (farewell_sent_) drain(kFarewellDrainMs, [&] { return farewell_done_; });
+  qp_to_error(s_.qp.qp.get());
+  drain(kFailDrainMs, [&] { return sq_outstanding_ == 0; });
+  if (sq_outstanding_ != 0) {
+    CHORUS_WARN(kNet, "verbs: rank {}: {} work request(s) on QP {:#x} to {} were not flushed "
+                "within {} ms",
+                s_.my_rank, sq_outstanding_, qpn(), s_.peer_label, kFailDrainMs);
+  }
+  sends_.fail_all();
+  while (written_count_ > 0) {
+    SendRequest* req = written_[written_head_].first;
+    written_head_ = (written_head_ + 1) % written_.size();
+    --written_count_;
+    req->fail();
+  }
+  recvs_.fail_all();
+}
+
+std::string VerbsConnection::situation() const {
+  if (!recvs_.empty()) {
+    return fmt::format("while rank {} was receiving {} on verbs channel {}", s_.my_rank,
+                       describe_request(recvs_.front()), s_.channel);
+  }
+  if (!sends_.empty() || written_count_ > 0) {
+    const SendRequest* req = written_count_ > 0 ? written_[written_head_].first : sends_.front();
+    return fmt::format("while rank {} was sending {} on verbs channel {}", s_.my_rank,
+                       describe_request(req), s_.channel);
+  }
+  return fmt::format("while rank {} had nothing pending on verbs channel {}", s_.my_rank,
+                     s_.channel);
+}
+
+Status VerbsConnection::corrupt(const RecvRequest* req, const std::string& what) const {
+  return remote_error("verbs: {} sent {} on verbs channel {} while rank {} was receiving {}",
+                      s_.peer_label, what, s_.channel, s_.my_rank, describe_request(req));
+}
+
+Status VerbsConnection::wc_error(const ibv_wc& wc) const {
+  const bool incoming = wc.wr_id == kWrRecv;
+  return remote_error("verbs: a {} {} {} failed on {} QP {:#x} (peer QP {:#x}): {} (status {}, "
+                      "vendor error {:#x}) {}",
+                      wr_name(wc.wr_id), incoming ? "from" : "to", s_.peer_label,
+                      s_.rings->device->name(), qpn(), s_.remote_qpn,
+                      ibv_wc_status_str(wc.status), static_cast<int>(wc.status), wc.vendor_err,
+                      situation());
+}
+
+}  // namespace chorus::verbs

@@ -1,0 +1,173 @@
+// SPDX-License-Identifier: Apache-2.0
+// File: transports/verbs/verbs_connection.h
+// One verbs connection (peer, channel): an RC QP whose messages travel as RDMA WRITE_WITH_IMM
+// into a credit-controlled ring of slots on the receiver. README.md has the protocol.
+#pragma once
+
+#include <infiniband/verbs.h>
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "transports/protocol.h"
+#include "transports/registration_key.h"
+#include "transports/transport.h"
+#include "transports/verbs/verbs_device.h"
+#include "transports/verbs/verbs_qp.h"
+#include "transports/verbs/verbs_wire.h"
+
+namespace chorus::verbs {
+
+// The registered memory of one instance: every connection's receive ring (peers write into
+// it) and send staging ring, each [rank * channels + channel] of ring_stride() bytes. Members
+// go MRs first, then the memory, then the device.
+struct Rings {
+  std::shared_ptr<Device> device;
+  void* rx = nullptr;
+  void* tx = nullptr;
+  size_t bytes = 0;  // of each of rx and tx
+  IbvPtr<ibv_mr> rx_mr;
+  IbvPtr<ibv_mr> tx_mr;
+  ~Rings();
+};
+
+// A registered range's MR (a RegistrationKey): sends from it skip the copy into the staging
+// slot. Holds the device, so the PD outlives the MR.
+class MrKey final : public RegistrationKey {
+ public:
+  MrKey(std::shared_ptr<Device> device, IbvPtr<ibv_mr> mr)
+      : device_(std::move(device)), mr_(std::move(mr)) {}
+  const ibv_mr* mr() const { return mr_.get(); }
+
+ private:
+  std::shared_ptr<Device> device_;
+  IbvPtr<ibv_mr> mr_;
+};
+
+struct ConnectionSetup {
+  std::shared_ptr<Rings> rings;
+  QpResources qp;  // in RTS
+  int my_rank = -1;
+  int peer = -1;
+  int channel = 0;
+  std::string peer_label;  // "rank 1 (host h, pid p)"
+  uint64_t comm_uid = 0;
+  uint32_t slots = 0;
+  uint32_t slot_bytes = 0;
+  uint8_t* rx_ring = nullptr;  // ours for (peer, channel): slots, then the aux area
+  uint8_t* tx_ring = nullptr;  // staging, same layout
+  uint64_t remote_ring = 0;    // the peer's ring for (us, channel)
+  uint32_t remote_rkey = 0;
+  uint32_t remote_qpn = 0;
+};
+
+// Not thread-safe: post_*, progress() and the queries come from one thread at a time.
+// Requests complete in posting order per direction.
+class VerbsConnection final : public Connection {
+ public:
+  // Posts the receives and the hello; connected() tells when the peer's hello arrived.
+  explicit VerbsConnection(ConnectionSetup setup);
+  // Says goodbye (a farewell with code kOk), waits briefly for it, moves the QP to ERR and
+  // drains its completions before the QP goes (never hangs on a dead peer).
+  ~VerbsConnection() override;
+
+  void post_send(SendRequest* req) override;
+  void post_recv(RecvRequest* req) override;
+  bool progress() override;
+  bool idle() const override {
+    return sends_.empty() && written_count_ == 0 && recvs_.empty();
+  }
+  // The completion channel's fd, armed; an always-readable fd while completions wait.
+  int poll_fd(short* events) const override;
+  bool peek(MsgTag* tag, uint64_t* bytes) override;
+  const char* transport_name() const override { return "verbs"; }
+  void farewell(const Status& why) override;
+
+  // Setup: true once our hello was delivered and the peer's arrived and was checked.
+  bool connected() const { return hello_sent_ && hello_received_; }
+  uint32_t qpn() const { return s_.qp.qp->qp_num; }
+  const std::string& peer_label() const { return s_.peer_label; }
+
+ private:
+  enum WrKind : uint64_t { kWrSlot = 1, kWrCredit, kWrHello, kWrFarewell, kWrRecv = kRecvWrId };
+  static constexpr int kBatch = 32;
+
+  size_t payload_bytes() const { return s_.slot_bytes - kSlotHeaderBytes; }
+  uint8_t* rx_slot(uint64_t seq) const { return s_.rx_ring + (seq % s_.slots) * s_.slot_bytes; }
+  uint8_t* tx_slot(uint64_t seq) const { return s_.tx_ring + (seq % s_.slots) * s_.slot_bytes; }
+  uint8_t* rx_aux() const { return s_.rx_ring + size_t{s_.slots} * s_.slot_bytes; }
+  uint8_t* tx_aux() const { return s_.tx_ring + size_t{s_.slots} * s_.slot_bytes; }
+
+  // Posts one send work request; false (connection failed) if the driver refuses.
+  bool post_wr(WrKind kind, ibv_wr_opcode opcode, uint32_t imm, ibv_sge* sge, int nsge,
+               uint64_t remote_offset);
+  bool post_receives(int n);
+  bool poll_cq();
+  bool on_completion(const ibv_wc& wc);
+  bool on_receive(const ibv_wc& wc);
+  bool check_hello();
+  void read_farewell();
+  bool progress_sends();
+  bool progress_recvs();
+  void maybe_send_credit();
+  void send_farewell(Code code, const std::string& reason);
+  bool check_gone();
+  // Records why the connection broke (logged once), tells the peer if `tell_peer`, stops the
+  // QP so that the HCA lets go of the caller's buffers, and fails every pending request.
+  void fail_all(Status status, bool tell_peer);
+  // Polls completions for up to `ms` until `done()`; only bookkeeping, no data moves.
+  template <typename Done>
+  void drain(int ms, Done done);
+
+  Status corrupt(const RecvRequest* req, const std::string& what) const;
+  Status wc_error(const ibv_wc& wc) const;
+  std::string situation() const;
+
+  ConnectionSetup s_;
+  bool broken_ = false;
+  bool closing_ = false;
+  bool farewell_sent_ = false;
+  bool farewell_done_ = false;
+  bool hello_sent_ = false;
+  bool hello_received_ = false;
+  uint32_t sq_outstanding_ = 0;  // send work requests not completed
+  int recv_posted_ = 0;
+  uint32_t credit_threshold_ = 1;
+
+  // Sending: sends_ are posted and not yet cut into slots completely (front: send_offset_
+  // bytes are); written_ hold requests all of whose slots are posted, with the slot count after
+  // their last, until that slot's write completes.
+  RequestQueue<SendRequest> sends_;
+  size_t send_offset_ = 0;
+  std::vector<std::pair<SendRequest*, uint64_t>> written_;
+  size_t written_head_ = 0;
+  size_t written_count_ = 0;
+  uint64_t tx_seq_ = 0;     // slots posted
+  uint64_t tx_done_ = 0;    // slot writes completed
+  uint64_t tx_credit_ = 0;  // slots the peer has consumed (its credits)
+
+  // Receiving: slots [rx_seq_, rx_arrived_) have landed and wait to be consumed.
+  RequestQueue<RecvRequest> recvs_;
+  uint64_t rx_seq_ = 0;
+  uint64_t rx_arrived_ = 0;
+  bool rx_in_message_ = false;  // the front receive accepted its message's first slot
+  uint64_t rx_offset_ = 0;
+  uint64_t rx_total_ = 0;
+  uint64_t credit_sent_ = 0;
+  bool credit_in_flight_ = false;
+
+  bool fw_arrived_ = false;
+  uint32_t fw_wire_code_ = 0;  // the farewell's Status code; 0: a goodbye
+  std::string fw_text_;
+
+  // Completions poll_fd() found after arming; progress() handles them first.
+  mutable std::array<ibv_wc, kBatch> stash_{};
+  mutable int stash_n_ = 0;
+};
+
+}  // namespace chorus::verbs

@@ -1,0 +1,308 @@
+// SPDX-License-Identifier: Apache-2.0
+// File: transports/verbs/verbs_transport.cc
+// The verbs transport as a plug-in: the per-communicator instance (device, rings, QPs in INIT;
+// the blob publishes their numbers), connect() (QPs to RTS, then the hellos), registration.
+#include "transports/verbs/verbs_transport.h"
+
+#include <poll.h>
+#include <sys/mman.h>
+
+#include <cerrno>
+#include <cstring>
+#include <vector>
+
+#include "common/clock.h"
+#include "common/log.h"
+#include "common/params.h"
+#include "transports/verbs/verbs_connection.h"
+#include "transports/verbs/verbs_device.h"
+#include "transports/verbs/verbs_qp.h"
+#include "transports/verbs/verbs_wire.h"
+
+namespace chorus::verbs {
+
+namespace {
+
+constexpr int kMaxChannels = 64;
+
+class VerbsInstance final : public TransportInstance {
+ public:
+  VerbsInstance(const TransportContext& ctx, const VerbsOptions& options,
+                std::shared_ptr<Device> device)
+      : ctx_(ctx), options_(options), device_(std::move(device)) {}
+  ~VerbsInstance() override { release_unused(); }
+
+  // Rings, their MRs, and a QP in INIT per (peer, channel).
+  Status init();
+
+  std::string blob() const override { return blob_; }
+
+  Result<ConnectionTable> connect(const std::vector<EndpointInfo>& all,
+                                  const std::vector<int>& peers, Deadline deadline) override;
+
+  // A registered range's MR (MrKey): sends from it are read in place. Local read access only,
+  // so read-only memory registers too.
+  KeyFactory key_factory() override {
+    return [dev = device_](const RegisteredRange& range)
+               -> Result<std::unique_ptr<RegistrationKey>> {
+      IbvPtr<ibv_mr> mr(ibv_reg_mr(dev->pd(), const_cast<void*>(range.base), range.bytes, 0));
+      if (!mr) {
+        return system_error(errno, fmt::format("verbs: ibv_reg_mr of {} bytes at {} on {}",
+                                               range.bytes, range.base, dev->name()));
+      }
+      return std::unique_ptr<RegistrationKey>(new MrKey(dev, std::move(mr)));
+    };
+  }
+
+ private:
+  size_t index(int rank, int channel) const {
+    return static_cast<size_t>(rank) * static_cast<size_t>(ctx_.channels) +
+           static_cast<size_t>(channel);
+  }
+  uint64_t stride() const { return ring_stride(options_.slots, options_.slot_bytes); }
+  // QPs no peer chose verbs for: stopped, then destroyed.
+  void release_unused();
+  Status wait_for_hellos(const std::vector<VerbsConnection*>& conns, Deadline deadline);
+
+  TransportContext ctx_;
+  VerbsOptions options_;
+  std::shared_ptr<Device> device_;
+  std::shared_ptr<Rings> rings_;
+  std::vector<QpResources> qps_;  // [rank * channels + channel]; empty for our own rank
+  std::string blob_;
+};
+
+Status VerbsInstance::init() {
+  const size_t entries = static_cast<size_t>(ctx_.nranks) * static_cast<size_t>(ctx_.channels);
+  rings_ = std::make_shared<Rings>();
+  rings_->device = device_;
+  rings_->bytes = stride() * entries;
+  for (void** p : {&rings_->rx, &rings_->tx}) {
+    void* m = ::mmap(nullptr, rings_->bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
+                     -1, 0);
+    if (m == MAP_FAILED) {
+      return system_error(errno, fmt::format("verbs: mapping {} bytes of rings", rings_->bytes));
+    }
+    *p = m;
+  }
+  rings_->rx_mr.reset(ibv_reg_mr(device_->pd(), rings_->rx, rings_->bytes,
+                                 IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE));
+  if (!rings_->rx_mr) {
+    return system_error(errno, fmt::format("verbs: registering {} bytes of receive rings on {} "
+                                           "(ulimit -l?)",
+                                           rings_->bytes, device_->name()));
+  }
+  rings_->tx_mr.reset(ibv_reg_mr(device_->pd(), rings_->tx, rings_->bytes, IBV_ACCESS_LOCAL_WRITE));
+  if (!rings_->tx_mr) {
+    return system_error(errno, fmt::format("verbs: registering {} bytes of send rings on {} "
+                                           "(ulimit -l?)",
+                                           rings_->bytes, device_->name()));
+  }
+  // Send queue: every slot, a credit, the hello and the farewell. Receive queue: every slot,
+  // as many credits (each stands for at least one consumed slot), the hello and the farewell.
+  const uint32_t send_depth = options_.slots + 4;
+  const uint32_t recv_depth = 2 * options_.slots + 4;
+  BlobInfo b;
+  b.link_layer = static_cast<uint8_t>(device_->port_attr().link_layer);
+  b.mtu = static_cast<uint8_t>(device_->port_attr().active_mtu);
+  b.lid = device_->port_attr().lid;
+  b.port = device_->port();
+  b.rank = static_cast<uint32_t>(ctx_.rank);
+  b.nranks = static_cast<uint32_t>(ctx_.nranks);
+  b.channels = static_cast<uint32_t>(ctx_.channels);
+  b.slots = options_.slots;
+  b.slot_bytes = options_.slot_bytes;
+  b.ring_base = reinterpret_cast<uintptr_t>(rings_->rx);
+  b.ring_rkey = rings_->rx_mr->rkey;
+  std::memcpy(b.gid.data(), device_->gid().raw, 16);
+  b.qps.resize(entries);
+  qps_.resize(entries);
+  for (int r = 0; r < ctx_.nranks; ++r) {
+    for (int c = 0; r != ctx_.rank && c < ctx_.channels; ++c) {
+      CHORUS_ASSIGN_OR_RETURN(QpResources q, create_qp(*device_, send_depth, recv_depth));
+      b.qps[index(r, c)] = QpEntry{q.qp->qp_num, q.psn};
+      qps_[index(r, c)] = std::move(q);
+    }
+  }
+  blob_ = encode_blob(b);
+  CHORUS_INFO(kNet, "verbs: {} on {}: {} QPs, rings of {} x {} bytes ({} MiB registered)",
+              ctx_.comm_label, device_->describe(), (ctx_.nranks - 1) * ctx_.channels,
+              options_.slots, options_.slot_bytes, 2 * rings_->bytes >> 20);
+  return ok_status();
+}
+
+void VerbsInstance::release_unused() {
+  for (QpResources& q : qps_) {
+    if (!q.qp) continue;
+    qp_to_error(q.qp.get());
+    q.qp.reset();  // before its CQ; its flushed receives go with the CQ
+  }
+  qps_.clear();
+}
+
+Result<ConnectionTable> VerbsInstance::connect(const std::vector<EndpointInfo>& all,
+                                               const std::vector<int>& peers,
+                                               Deadline deadline) {
+  ConnectionTable out(peers.size());
+  if (qps_.empty()) return invalid_usage("verbs: rank {} connected twice", ctx_.rank);
+  const int64_t start = now_ns();
+  const QpSettings settings = qp_settings_from_params();
+  std::vector<VerbsConnection*> conns;
+  for (size_t i = 0; i < peers.size(); ++i) {
+    const int r = peers[i];
+    if (r < 0 || r >= ctx_.nranks || r == ctx_.rank || r >= static_cast<int>(all.size())) {
+      return invalid_argument("verbs: rank {} given peer rank {} (out of range or itself)",
+                              ctx_.rank, r);
+    }
+    const EndpointInfo& info = all[r];
+    if (!info.open || info.blob.empty())
+      return remote_error("verbs: {} published no verbs blob", info.describe());
+    BlobExpect expect{static_cast<uint32_t>(r), static_cast<uint32_t>(ctx_.nranks),
+                      static_cast<uint32_t>(ctx_.channels), options_.slots, options_.slot_bytes,
+                      static_cast<uint32_t>(ctx_.rank)};
+    CHORUS_ASSIGN_OR_RETURN(BlobInfo b, parse_blob(info.blob, expect, info.describe()));
+    if (b.link_layer != device_->port_attr().link_layer) {
+      return remote_error("verbs: {} is on {} and rank {} on {}: no RDMA path between them",
+                          info.describe(), b.link_layer == 1 ? "InfiniBand" : "Ethernet",
+                          ctx_.rank, device_->roce() ? "Ethernet" : "InfiniBand");
+    }
+    for (int c = 0; c < ctx_.channels; ++c) {
+      QpResources& q = qps_[index(r, c)];
+      if (!q.qp) return invalid_argument("verbs: rank {} connected twice to rank {}", ctx_.rank, r);
+      const QpEntry& theirs = b.qps[index(ctx_.rank, c)];
+      CHORUS_RETURN_IF_ERROR(
+          connect_qp(*device_, q.qp.get(), q.psn, b, theirs.qpn, theirs.psn, settings));
+      ConnectionSetup s;
+      s.rings = rings_;
+      s.qp = std::move(q);
+      s.my_rank = ctx_.rank;
+      s.peer = r;
+      s.channel = c;
+      s.peer_label = info.describe();
+      s.comm_uid = ctx_.comm_uid;
+      s.slots = options_.slots;
+      s.slot_bytes = options_.slot_bytes;
+      s.rx_ring = static_cast<uint8_t*>(rings_->rx) + index(r, c) * stride();
+      s.tx_ring = static_cast<uint8_t*>(rings_->tx) + index(r, c) * stride();
+      s.remote_ring = b.ring_base + index(ctx_.rank, c) * stride();
+      s.remote_rkey = b.ring_rkey;
+      s.remote_qpn = theirs.qpn;
+      auto conn = std::make_unique<VerbsConnection>(std::move(s));
+      if (!conn->error().ok()) return conn->error();
+      conns.push_back(conn.get());
+      out[i].push_back(std::move(conn));
+    }
+  }
+  release_unused();
+  if (conns.empty()) return out;
+  CHORUS_RETURN_IF_ERROR(wait_for_hellos(conns, deadline));
+  CHORUS_INFO(kNet, "verbs: {} connected to {} peer(s) x {} channel(s) over {} in {} ms",
+              ctx_.comm_label, peers.size(), ctx_.channels, device_->describe(),
+              (now_ns() - start) / 1000000);
+  return out;
+}
+
+// Each connection's hello proves that both QPs are connected to each other; a peer whose QP
+// is not in RTR yet drops our first packets, which the QP retransmits (NCCL_IB_TIMEOUT).
+Status VerbsInstance::wait_for_hellos(const std::vector<VerbsConnection*>& conns,
+                                      Deadline deadline) {
+  const int64_t start = now_ns();
+  std::vector<pollfd> fds;
+  for (;;) {
+    bool all = true;
+    for (VerbsConnection* c : conns) {
+      c->progress();
+      if (!c->error().ok()) return c->error();
+      all = all && c->connected();
+    }
+    if (all) return ok_status();
+    if (deadline.expired()) {
+      std::string missing;
+      int listed = 0;
+      for (VerbsConnection* c : conns) {
+        if (c->connected() || ++listed > 8) continue;
+        if (!missing.empty()) missing += "; ";
+        missing += fmt::format("{} channel {} (QP {:#x})", c->peer_label(), c->channel(), c->qpn());
+      }
+      if (listed > 8) missing += fmt::format("; and {} more", listed - 8);
+      return remote_error("verbs: rank {} could not connect its queue pairs within {} ms "
+                          "(CHORUS_CONNECT_TIMEOUT_MS): no hello from {}",
+                          ctx_.rank, (now_ns() - start) / 1000000, missing);
+    }
+    fds.clear();
+    for (VerbsConnection* c : conns) {
+      short events = 0;
+      int fd = c->poll_fd(&events);
+      if (fd >= 0) fds.push_back(pollfd{fd, events, 0});
+    }
+    ::poll(fds.data(), fds.size(), deadline.remaining_ms(20));
+  }
+}
+
+Result<std::unique_ptr<TransportInstance>> open_default(const TransportContext& ctx) {
+  return open_instance(ctx, options_from_params());
+}
+
+}  // namespace
+
+VerbsOptions options_from_params() {
+  VerbsOptions o;
+  o.slots = static_cast<uint32_t>(params::kIbSlots.get());
+  o.slot_bytes = static_cast<uint32_t>(params::kIbSlotBytes.get());
+  return o;
+}
+
+Result<std::unique_ptr<TransportInstance>> open_instance(const TransportContext& ctx,
+                                                         const VerbsOptions& options) {
+  if (options.slots < kMinSlots || options.slots > kMaxSlots ||
+      options.slot_bytes < kMinSlotBytes || options.slot_bytes > kMaxSlotBytes ||
+      options.slot_bytes % 64 != 0) {
+    return invalid_argument("verbs: {} slots of {} bytes (slots {}..{}; bytes a multiple of 64 "
+                            "in {}..{})",
+                            options.slots, options.slot_bytes, kMinSlots, kMaxSlots,
+                            kMinSlotBytes, kMaxSlotBytes);
+  }
+  if (ctx.channels < 1 || ctx.channels > kMaxChannels) {
+    return invalid_argument("verbs: {} channels (must be 1..{})", ctx.channels, kMaxChannels);
+  }
+  if (ctx.rank < 0 || ctx.rank >= ctx.nranks) {
+    return invalid_argument("verbs: rank {} of {}", ctx.rank, ctx.nranks);
+  }
+  if (static_cast<size_t>(ctx.nranks) * static_cast<size_t>(ctx.channels) > kMaxEntries) {
+    return invalid_argument("verbs: {} ranks x {} channels need more QPs than a blob can name "
+                            "({} at most)",
+                            ctx.nranks, ctx.channels, kMaxEntries);
+  }
+  CHORUS_ASSIGN_OR_RETURN(HcaFilter filter, parse_hca_filter(params::kIbHca.get()));
+  CHORUS_ASSIGN_OR_RETURN(std::shared_ptr<Device> device,
+                          Device::open(filter, static_cast<int>(params::kIbGidIndex.get())));
+  if (!device) return std::unique_ptr<TransportInstance>();  // no RDMA here
+  if (options.slot_bytes > device->port_attr().max_msg_sz) {
+    return invalid_argument("verbs: slots of {} bytes exceed {}'s largest message ({} bytes)",
+                            options.slot_bytes, device->name(), device->port_attr().max_msg_sz);
+  }
+  auto instance = std::make_unique<VerbsInstance>(ctx, options, std::move(device));
+  CHORUS_RETURN_IF_ERROR(instance->init());
+  return std::unique_ptr<TransportInstance>(std::move(instance));
+}
+
+void register_transport() {
+  static constexpr TransportDesc desc{
+      .name = "verbs",
+      .summary = "any two hosts over RDMA verbs (RC queue pairs, RoCE v2 or InfiniBand; RDMA "
+                 "WRITE_WITH_IMM into credit-controlled rings); opened only when forced "
+                 "(CHORUS_TRANSPORT=VERBS) or measured in the tuner file",
+      .caps = {
+          .reach = TransportCaps::Reach::kAnyHost,
+          .registration = true,  // MRs of registered ranges: sends read them in place
+          .reduce_on_receive = true,
+          .opt_in = true,  // pinned rings and a QP per peer and channel: only when chosen
+      },
+      // Unmeasured: a tuner file line replaces it.
+      .cost = {10, 3},
+      .open = open_default,
+  };
+  chorus::register_transport(&desc);
+}
+
+}  // namespace chorus::verbs

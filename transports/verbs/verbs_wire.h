@@ -1,0 +1,168 @@
+// SPDX-License-Identifier: Apache-2.0
+// File: transports/verbs/verbs_wire.h
+// What the verbs transport puts on the wire and in its published blob, and the NCCL_IB_HCA
+// device filter: pure functions without libibverbs, so that they are unit-tested (and fuzzed)
+// on hosts without RDMA. README.md describes every field.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "common/status.h"
+#include "transports/transport.h"
+
+namespace chorus::verbs {
+
+// ---- The blob (what a rank publishes through the authenticated bootstrap) ------------------
+//
+// Little-endian, kBlobHeaderBytes of header then one kBlobEntryBytes entry per (rank, channel):
+//   0 u32 magic 'CHIB' | 4 u16 version | 6 u8 link layer (1 IB, 2 Ethernet) | 7 u8 active MTU
+//   (enum ibv_mtu, 1..5) | 8 u16 LID | 10 u8 port | 11 u8 0 | 12 u32 rank | 16 u32 nranks |
+//   20 u32 channels | 24 u32 slots | 28 u32 slot bytes | 32 u64 ring base address |
+//   40 u32 ring rkey | 44 u32 entries (= nranks x channels) | 48 gid[16]
+//   entry [r * channels + c]: u32 QP number | u32 initial PSN of this rank's QP for (r, c);
+//   zero for its own rank.
+inline constexpr uint32_t kBlobMagic = 0x43484942;  // "CHIB"
+inline constexpr uint16_t kBlobVersion = 1;
+inline constexpr size_t kBlobHeaderBytes = 64;
+inline constexpr size_t kBlobEntryBytes = 8;
+inline constexpr size_t kMaxBlobBytes = 4096;  // = kMaxTransportBlob
+inline constexpr size_t kMaxEntries = (kMaxBlobBytes - kBlobHeaderBytes) / kBlobEntryBytes;
+
+// Ring geometry limits (every rank must use the same slots and slot bytes).
+inline constexpr uint32_t kMinSlots = 4;
+inline constexpr uint32_t kMaxSlots = 256;
+inline constexpr uint32_t kMinSlotBytes = 4096;
+inline constexpr uint32_t kMaxSlotBytes = 8u << 20;  // rxe's max_msg_sz; the port's is checked too
+inline constexpr size_t kSlotHeaderBytes = 64;
+// After a connection's slots: 64 bytes of hello, then the farewell (header + text).
+inline constexpr size_t kAuxBytes = 4096;
+inline constexpr size_t kHelloOffset = 0;
+inline constexpr size_t kFarewellOffset = 64;
+static_assert(kFarewellOffset + 16 + kMaxFarewellBytes <= kAuxBytes);
+
+// Bytes of one connection's ring (its slots, then the aux area).
+inline uint64_t ring_stride(uint32_t slots, uint32_t slot_bytes) {
+  return uint64_t{slots} * slot_bytes + kAuxBytes;
+}
+
+struct QpEntry {
+  uint32_t qpn = 0;
+  uint32_t psn = 0;
+};
+
+struct BlobInfo {
+  uint8_t link_layer = 0;
+  uint8_t mtu = 0;
+  uint16_t lid = 0;
+  uint8_t port = 0;
+  uint32_t rank = 0;
+  uint32_t nranks = 0;
+  uint32_t channels = 0;
+  uint32_t slots = 0;
+  uint32_t slot_bytes = 0;
+  uint64_t ring_base = 0;
+  uint32_t ring_rkey = 0;
+  std::array<uint8_t, 16> gid{};
+  std::vector<QpEntry> qps;  // [rank * channels + channel]
+};
+
+std::string encode_blob(const BlobInfo& info);
+
+// What the parser demands of a peer's blob: it is rank `rank` of a communicator like ours.
+struct BlobExpect {
+  uint32_t rank = 0;
+  uint32_t nranks = 0;
+  uint32_t channels = 0;
+  uint32_t slots = 0;
+  uint32_t slot_bytes = 0;
+  uint32_t my_rank = 0;  // the entry for us must name a QP
+};
+
+// Parses `bytes` defensively: bounded by its length, versioned, every field checked against
+// `expect` and its range. kRemoteError naming `who` and the bad field otherwise.
+Result<BlobInfo> parse_blob(std::string_view bytes, const BlobExpect& expect,
+                            const std::string& who);
+
+// ---- Immediate data of a work request (sent big-endian, as a __be32) ------------------------
+//   bit 31 = 0                  a slot: low 31 bits of its sequence number
+//   bits 31,30 = 1,0            a credit: low 30 bits of the receiver's consumed-slot count
+//   0xfffffffe / 0xffffffff     the hello / the farewell (data in the aux area)
+inline constexpr uint32_t kImmHello = 0xfffffffe;
+inline constexpr uint32_t kImmFarewell = 0xffffffff;
+inline constexpr uint32_t kImmSlotMask = 0x7fffffff;
+inline constexpr uint32_t kImmCreditFlag = 0x80000000;
+inline constexpr uint32_t kImmCreditMask = 0x3fffffff;
+inline uint32_t slot_imm(uint64_t seq) { return static_cast<uint32_t>(seq) & kImmSlotMask; }
+inline uint32_t credit_imm(uint64_t consumed) {
+  return kImmCreditFlag | (static_cast<uint32_t>(consumed) & kImmCreditMask);
+}
+inline bool is_slot_imm(uint32_t imm) { return (imm & 0x80000000u) == 0; }
+inline bool is_credit_imm(uint32_t imm) { return (imm & 0xc0000000u) == kImmCreditFlag; }
+// The full count a credit's low 30 bits stand for, given the last one known (counts only grow,
+// and by less than 2^30 between two credits).
+inline uint64_t widen_credit(uint64_t last, uint32_t imm) {
+  return last + ((static_cast<uint64_t>(imm & kImmCreditMask) - last) & kImmCreditMask);
+}
+
+// ---- In a slot and in the aux area (host byte order, like the other transports) -------------
+
+// First kSlotHeaderBytes of every slot; the payload follows.
+struct SlotHeader {
+  uint32_t magic;    // kSlotMagic
+  uint32_t payload;  // payload bytes in this slot
+  MsgTag tag;        // the sender's tag
+  uint64_t total;    // bytes of the whole message
+  uint64_t offset;   // of this slot's payload in the message
+  uint64_t seq;      // the slot's sequence number on the connection
+  uint64_t reserved;
+};
+static_assert(sizeof(SlotHeader) == kSlotHeaderBytes);
+inline constexpr uint32_t kSlotMagic = 0x4348494d;  // "CHIM"
+
+// Checks a slot's header against what the receiver expects next: slot `seq`, and offset
+// `offset` of a message of `total` bytes (offset 0: a new message, total unknown). Empty when
+// fine, else what is wrong, for an error message.
+std::string check_slot(const SlotHeader& h, uint64_t seq, uint64_t offset, uint64_t total,
+                       size_t slot_bytes);
+
+struct Hello {
+  uint32_t magic;  // kHelloMagic
+  uint32_t from;
+  uint32_t to;
+  uint32_t channel;
+  uint64_t comm_uid;
+  uint32_t qpn;  // the sender's QP
+  uint32_t reserved;
+};
+inline constexpr uint32_t kHelloMagic = 0x43484948;  // "CHIH"
+
+struct FarewellHeader {
+  uint32_t magic;  // kFarewellMagic
+  uint32_t code;   // Status code; kOk: a goodbye (the peer closed normally)
+  uint64_t bytes;  // reason text that follows (at most kMaxFarewellBytes)
+};
+inline constexpr uint32_t kFarewellMagic = 0x43484657;  // "CHFW", as TCP's and UCX's
+
+// ---- NCCL_IB_HCA --------------------------------------------------------------------------
+//
+// A comma-separated list of device names, each optionally ":port". A leading '^' (on the list
+// or on one item) excludes; a leading '=' (on the list or one item) matches names exactly,
+// else as prefixes. Empty: every device. "mlx5_0:1,^mlx5_1", "^=mlx5_2", "=rxe0".
+struct HcaFilter {
+  struct Item {
+    std::string name;
+    int port = -1;  // any
+    bool exclude = false;
+    bool exact = false;
+  };
+  std::vector<Item> items;
+  bool matches(std::string_view device, int port) const;
+};
+Result<HcaFilter> parse_hca_filter(std::string_view spec);
+
+}  // namespace chorus::verbs
