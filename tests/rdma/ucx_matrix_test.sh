@@ -26,6 +26,10 @@ rdma_require_device
 export CHORUS_TRANSPORT=UCX
 export UCX_TLS=${CHORUS_RDMA_UCX_TLS:-rc_verbs,tcp,self}
 min_packets=${CHORUS_RDMA_MIN_PACKETS:-50000}
+# The guest is emulated (TCG, 2 vCPUs for ranks, rxe and the kernel's veth backlog): an ACK can
+# take longer than UCX's 1 s rc timeout, and after 7 retries UCX gives the endpoint up ("Endpoint
+# timeout", seen once in three two-host runs). Give the emulator room; a caller may still set it.
+export UCX_RC_VERBS_TIMEOUT=${UCX_RC_VERBS_TIMEOUT:-10s}
 # Memory locked by registrations: the guest runs as root, but say it for other machines too.
 ulimit -l unlimited 2> /dev/null || true
 if [ -n "${CHORUS_RDMA_NETNS:-}" ]; then
