@@ -145,6 +145,15 @@ TEST_CASE("verbs blob: malformed blobs are rejected, naming the field", "[unit][
     INFO(slots << " x " << bytes_per);
     CHECK_THAT(parse(encode_blob(b), ex).message(), Catch::Contains("ring of"));
   }
+  // No ranks, no channels, a rank beyond the count: refused even where both sides agree.
+  for (auto edit : {+[](BlobInfo& b) { b.nranks = 0; }, +[](BlobInfo& b) { b.channels = 0; },
+                    +[](BlobInfo& b) { b.rank = b.nranks; }}) {
+    BlobInfo b = good;
+    edit(b);
+    b.qps.resize(size_t{b.nranks} * b.channels);
+    BlobExpect ex = expect_for(b);
+    CHECK_THAT(parse(encode_blob(b), ex).message(), Catch::Contains("channels"));
+  }
   // Too many entries for a blob.
   BlobInfo big = sample_blob(1, 600, 1);
   CHECK(parse(encode_blob(big), expect_for(big)).code() == Code::kRemoteError);

@@ -75,6 +75,10 @@ Result<BlobInfo> parse_blob(std::string_view bytes, const BlobExpect& expect,
   if (b.link_layer != 1 && b.link_layer != 2) return bad(fmt::format("link layer {}", b.link_layer));
   if (b.mtu < 1 || b.mtu > 5) return bad(fmt::format("MTU code {}", b.mtu));
   if (b.port == 0) return bad("port 0");
+  // Degenerate geometry is refused even where both sides agree on it (no entry would name us).
+  if (b.nranks == 0 || b.rank >= b.nranks || expect.my_rank >= b.nranks || b.channels == 0) {
+    return bad(fmt::format("rank {} of {} with {} channels", b.rank, b.nranks, b.channels));
+  }
   if (b.rank != expect.rank || b.nranks != expect.nranks) {
     return bad(fmt::format("it is rank {} of {}, expected rank {} of {}", b.rank, b.nranks,
                            expect.rank, expect.nranks));
