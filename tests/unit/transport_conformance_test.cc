@@ -32,7 +32,9 @@ struct Pair {
   std::vector<std::unique_ptr<TransportInstance>> inst = std::vector<std::unique_ptr<TransportInstance>>(2);
   std::vector<ConnectionTable> conns = std::vector<ConnectionTable>(2);
   std::vector<Status> status = std::vector<Status>(2);
-  bool opened = true;  // false: the transport is not usable here (open gave no instance)
+  // Per rank, written by that rank's thread: false when open gave no instance (the transport is
+  // not usable here).
+  bool opened[2] = {true, true};
 
   Connection* conn(int rank) { return conns[rank][0][0].get(); }
 };
@@ -67,7 +69,7 @@ void connect_pair(const TransportDesc& desc, Pair* pair, int channels = 1) {
       if (!opened.ok()) {
         pair->status[r] = opened.take_status();
       } else if (opened.value() == nullptr) {
-        pair->opened = false;
+        pair->opened[r] = false;
       } else {
         pair->inst[r] = std::move(opened).value();
         pair->blobs[r] = pair->inst[r]->blob();
@@ -143,7 +145,7 @@ void for_each_transport(Body body, int channels = 1) {
     TransportEnv env(desc->name);
     Pair pair;
     connect_pair(*desc, &pair, channels);
-    if (!pair.opened) {
+    if (!pair.opened[0] || !pair.opened[1]) {
       WARN("transport " << desc->name << " is not usable here; skipped");
       CHECK(all);  // named in CHORUS_TEST_TRANSPORTS: it must be usable
       continue;
