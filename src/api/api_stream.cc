@@ -3,10 +3,16 @@
 // Host streams and Chorus's own version calls.
 #include <chorus/chorus.h>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <string>
+#include <string_view>
+#include <vector>
 
 #include "api/api_util.h"
 #include "core/engine.h"
 #include "kernels/reduce/reduce.h"
+#include "transports/registry.h"
 
 using namespace chorus;       // NOLINT
 using namespace chorus::api;  // NOLINT
@@ -86,9 +92,12 @@ CHORUS_API ncclResult_t chorusGetVersion(int* version) {
 }
 
 CHORUS_API const char* chorusBuildInfo(void) {
-  static const std::string info = fmt::format(
-      "chorus {}.{}.{} (git {}) nccl-api {}.{}.{} kernels={} transports=direct,shm,tcp",
-      CHORUS_MAJOR, CHORUS_MINOR, CHORUS_PATCH, CHORUS_GIT_SHA, NCCL_MAJOR, NCCL_MINOR,
-      NCCL_PATCH, kernels::kernels().isa);
+  static const std::string info = [] {
+    std::vector<std::string_view> names;
+    for (const TransportDesc* t : transports()) names.push_back(t->name);
+    return fmt::format("chorus {}.{}.{} (git {}) nccl-api {}.{}.{} kernels={} transports={}",
+                       CHORUS_MAJOR, CHORUS_MINOR, CHORUS_PATCH, CHORUS_GIT_SHA, NCCL_MAJOR,
+                       NCCL_MINOR, NCCL_PATCH, kernels::kernels().isa, fmt::join(names, ","));
+  }();
   return info.c_str();
 }
