@@ -278,18 +278,21 @@ bool SideChannel::gone(bool now) {
 // ---- WatchedConnection ----------------------------------------------------------------------
 
 WatchedConnection::WatchedConnection(std::unique_ptr<VerbsConnection> inner,
-                                     std::shared_ptr<SideChannel> side)
+                                     std::shared_ptr<SideChannel> side, int cq_fd)
     : Connection(inner->peer(), inner->channel()),
       inner_(std::move(inner)),
       side_(std::move(side)),
+      cq_fd_(cq_fd),
       epoll_(::epoll_create1(EPOLL_CLOEXEC)) {
-  // Without an epoll set the side socket is still read by progress(); a sleeper then learns of
-  // a dead peer when its sleep slice ends.
+  // Without the set the side socket is still read by progress(); a sleeper then learns of a
+  // dead peer when its sleep slice ends.
   if (epoll_.valid()) {
     epoll_event ev{};
     ev.events = EPOLLIN;
     ev.data.fd = side_->fd();
     side_watched_ = ::epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, side_->fd(), &ev) == 0;
+    ev.data.fd = cq_fd_;
+    epoll_ready_ = side_watched_ && ::epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, cq_fd_, &ev) == 0;
   }
   sync_error();
 }
@@ -350,33 +353,11 @@ void WatchedConnection::unwatch_side() const {
   ::epoll_ctl(epoll_.get(), EPOLL_CTL_DEL, side_->fd(), nullptr);
 }
 
-void WatchedConnection::watch_inner_fd(int fd, short events) const {
-  if (fd == inner_fd_ && events == inner_events_) return;
-  epoll_event ev{};
-  ev.events = ((events & POLLIN) != 0 ? EPOLLIN : 0u) | ((events & POLLOUT) != 0 ? EPOLLOUT : 0u);
-  ev.data.fd = fd;
-  if (fd == inner_fd_) {
-    ::epoll_ctl(epoll_.get(), EPOLL_CTL_MOD, fd, &ev);
-  } else {
-    if (inner_fd_ >= 0) ::epoll_ctl(epoll_.get(), EPOLL_CTL_DEL, inner_fd_, nullptr);
-    if (::epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, fd, &ev) != 0) {
-      inner_fd_ = -1;
-      return;
-    }
-  }
-  inner_fd_ = fd;
-  inner_events_ = events;
-}
-
 int WatchedConnection::poll_fd(short* events) const {
   const int fd = inner_->poll_fd(events);
-  if (fd < 0 || !epoll_.valid()) return fd;
+  if (fd != cq_fd_ || !epoll_ready_ || *events != POLLIN) return fd;
   if (side_watched_ && side_->gone_ns() != 0) unwatch_side();
-  if (!side_watched_) return fd;
-  watch_inner_fd(fd, *events);
-  if (inner_fd_ != fd) return fd;  // epoll refused it: sleep on the connection alone
-  *events = POLLIN;
-  return epoll_.get();
+  return side_watched_ ? epoll_.get() : fd;
 }
 
 }  // namespace chorus::verbs

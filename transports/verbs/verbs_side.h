@@ -110,10 +110,13 @@ Status exchange_ready(int rank, const std::vector<std::shared_ptr<SideChannel>>&
 // grace (in-flight completions and the goodbye itself may trail the FIN), every pending request
 // fails with kRemoteError naming the peer's rank, host and pid. An idle connection is not
 // failed: a peer that did its part and left is no failure. poll_fd() is an epoll set of the
-// connection's own fd and the side socket, so a sleeping rank wakes when the peer dies.
+// connection's completion channel (`cq_fd`) and the side socket, so a sleeping rank wakes when
+// the peer dies; whenever the connection offers another fd (completions wait: an always
+// readable one), that one is returned as it is.
 class WatchedConnection final : public Connection {
  public:
-  WatchedConnection(std::unique_ptr<VerbsConnection> inner, std::shared_ptr<SideChannel> side);
+  WatchedConnection(std::unique_ptr<VerbsConnection> inner, std::shared_ptr<SideChannel> side,
+                    int cq_fd);
   ~WatchedConnection() override;
 
   void post_send(SendRequest* req) override;
@@ -132,15 +135,13 @@ class WatchedConnection final : public Connection {
   // peek for the next message, else a pending request); true if it did.
   bool check_side(bool waiting);
   void sync_error();
-  // Keeps the epoll set's member for the inner connection's fd equal to `fd`.
-  void watch_inner_fd(int fd, short events) const;
   void unwatch_side() const;
 
   std::unique_ptr<VerbsConnection> inner_;
   std::shared_ptr<SideChannel> side_;
+  int cq_fd_;
   UniqueFd epoll_;
-  mutable int inner_fd_ = -1;
-  mutable short inner_events_ = 0;
+  bool epoll_ready_ = false;  // both fds are in the set
   mutable bool side_watched_ = false;
 };
 

@@ -170,12 +170,16 @@ Result<ConnectionTable> VerbsInstance::connect(const std::vector<EndpointInfo>& 
   side.secret = ctx_.secret;
   side.listen_fd = side_listener_.get();
   side.deadline = deadline;
+  std::vector<bool> seen(static_cast<size_t>(ctx_.nranks), false);
   for (size_t i = 0; i < peers.size(); ++i) {
     const int r = peers[i];
     if (r < 0 || r >= ctx_.nranks || r == ctx_.rank || r >= static_cast<int>(all.size())) {
       return invalid_argument("verbs: rank {} given peer rank {} (out of range or itself)",
                               ctx_.rank, r);
     }
+    if (seen[static_cast<size_t>(r)])
+      return invalid_argument("verbs: rank {} given peer rank {} twice", ctx_.rank, r);
+    seen[static_cast<size_t>(r)] = true;
     const EndpointInfo& info = all[r];
     if (!info.open || info.blob.empty())
       return remote_error("verbs: {} published no verbs blob", info.describe());
@@ -213,6 +217,7 @@ Result<ConnectionTable> VerbsInstance::connect(const std::vector<EndpointInfo>& 
   CHORUS_RETURN_IF_ERROR(exchange_ready(ctx_.rank, sides_, deadline));
   // 4. The connections; each sends its hello.
   std::vector<std::vector<std::unique_ptr<VerbsConnection>>> made(peers.size());
+  std::vector<std::vector<int>> cq_fds(peers.size());  // what each one sleeps on
   std::vector<VerbsConnection*> conns;
   for (size_t i = 0; i < peers.size(); ++i) {
     const int r = peers[i];
@@ -234,6 +239,7 @@ Result<ConnectionTable> VerbsInstance::connect(const std::vector<EndpointInfo>& 
       s.remote_ring = b.ring_base + index(ctx_.rank, c) * stride();
       s.remote_rkey = b.ring_rkey;
       s.remote_qpn = theirs.qpn;
+      cq_fds[i].push_back(s.qp.channel->fd);
       auto conn = std::make_unique<VerbsConnection>(std::move(s));
       if (!conn->error().ok()) return conn->error();
       conns.push_back(conn.get());
@@ -244,8 +250,10 @@ Result<ConnectionTable> VerbsInstance::connect(const std::vector<EndpointInfo>& 
   if (conns.empty()) return out;
   CHORUS_RETURN_IF_ERROR(wait_for_hellos(conns, deadline));
   for (size_t i = 0; i < peers.size(); ++i) {
-    for (auto& conn : made[i])
-      out[i].push_back(std::make_unique<WatchedConnection>(std::move(conn), sides_[i]));
+    for (size_t c = 0; c < made[i].size(); ++c) {
+      out[i].push_back(
+          std::make_unique<WatchedConnection>(std::move(made[i][c]), sides_[i], cq_fds[i][c]));
+    }
   }
   CHORUS_INFO(kNet, "verbs: {} connected to {} peer(s) x {} channel(s) over {} in {} ms",
               ctx_.comm_label, peers.size(), ctx_.channels, device_->describe(),
