@@ -327,9 +327,9 @@ ncclComm_t init(const ncclUniqueId& id, int nranks, int rank) {
 
 // Under tests/rdma/two_hosts.sh (CHORUS_RDMA_NETNS="nsA,nsB", CHORUS_RDMA_DEVICES="devA,devB";
 // the test itself runs in nsA): rank r moves to host r % 2's network namespace and uses that
-// host's RDMA device. Its host identity follows (core/process: one network namespace, one
-// host), so core's same-host liveness watch does not see its peers on the other host. An
-// error string, empty on success.
+// host's RDMA device. Each rank also gets a host identity of its own (CHORUS_HOST_ID), so that
+// core's same-host liveness watch (pidfd) sees no peer at all, not even the one sharing its
+// namespace: only the transport can tell that a peer died. An error string, empty on success.
 std::string place_on_rdma_host(int rank) {
   const char* netns = std::getenv("CHORUS_RDMA_NETNS");
   const char* devices = std::getenv("CHORUS_RDMA_DEVICES");
@@ -347,6 +347,7 @@ std::string place_on_rdma_host(int rank) {
   }
   close(fd);
   setenv("CHORUS_IB_HCA", ("=" + dev).c_str(), 1);
+  setenv("CHORUS_HOST_ID", fmt::format("{}-rank-{}", ns, rank).c_str(), 1);
   ncclResetDebugInit();  // parameters are read again
   return "";
 }
@@ -403,6 +404,16 @@ void kill_during_allreduce(const char* transport, std::vector<std::string> env_e
       named |= parse(children[r].report)["msg"].find(fmt::format("pid {}", children[victim].pid)) !=
                std::string::npos;
   CHECK(named);
+  // On two hosts nothing but the transport can tell (see place_on_rdma_host): over verbs, the
+  // side channel. Its words reach every survivor, first hand or in a neighbour's farewell.
+  if (std::getenv("CHORUS_RDMA_NETNS") != nullptr && std::string(transport) == "VERBS") {
+    bool side_channel = false;
+    for (int r = 0; r < nranks; ++r)
+      if (r != victim)
+        side_channel |= parse(children[r].report)["msg"].find("is gone: its side channel") !=
+                        std::string::npos;
+    CHECK(side_channel);
+  }
   fmt::print("fault: SIGKILL of rank {} of {} during AllReduce over {}{}: every survivor failed "
              "within {} ms, then shrank to {} ranks and went on\n",
              victim, nranks, transport,
