@@ -14,6 +14,6 @@ build=${CHORUS_RDMA_BUILD_DIR:-build-test}
 cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCHORUS_WERROR=ON \
   -DCHORUS_BUILD_TESTS=ON > /dev/null
 cmake --build "$build" -j"$(nproc)" --target chorus-run chorus_mp_worker chorus_mp_tests \
-  chorus_unit_tests
+  chorus_unit_tests chorus_fault_tests chorus-info
 scripts/rxe-guest.sh --timeout "${CHORUS_RXE_TIMEOUT:-1500}" -e CHORUS_RDMA_REQUIRED=1 -- \
   ctest --test-dir "$build" -L rdma --output-on-failure --no-tests=error "$@"

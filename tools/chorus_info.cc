@@ -1,9 +1,11 @@
 // SPDX-License-Identifier: Apache-2.0
 // File: tools/chorus_info.cc
 // chorus-info: what this Chorus build and this host offer — version, kernels, transports and
-// network interfaces, the hwloc topology, and every parameter with its value and description.
+// network interfaces, RDMA devices and UCX's transports, the hwloc topology, and every
+// parameter with its value and description.
 //   chorus-info                everything
 //   chorus-info --params       parameters only
+//   chorus-info --fabric       RDMA devices (ports, GIDs) and UCX's transports and devices only
 //   chorus-info --tune [FILE]  measure the transports' alpha/beta, show the tuner's choices,
 //                              and write them to FILE for CHORUS_TUNER_FILE
 #include <chorus/chorus.h>
@@ -15,13 +17,10 @@
 #include "common/params.h"
 #include "common/process.h"
 #include "kernels/reduce/reduce.h"
+#include "tools/chorus_info_fabric.h"
 #include "tools/chorus_info_tune.h"
 #include "topo/topology.h"
 #include "transports/registry.h"
-
-#if CHORUS_HAVE_VERBS
-#include <infiniband/verbs.h>
-#endif
 
 namespace {
 
@@ -58,22 +57,22 @@ void print_transports() {
     for (const auto& i : *ifaces)
       fmt::print("          candidate {} {}{}\n", i.name, i.addr.to_string(), i.loopback ? " (loopback)" : "");
   }
-#if CHORUS_HAVE_VERBS
-  int n = 0;
-  ibv_device** devs = ibv_get_device_list(&n);
-  fmt::print("  rdma    {} ibverbs device(s){} (the verbs transport is opt-in: CHORUS_TRANSPORT=VERBS)\n", n,
-             n > 0 ? fmt::format(", first {}", ibv_get_device_name(devs[0])) : "");
-  if (devs) ibv_free_device_list(devs);
-#endif
+  chorus::info::print_rdma_devices();
+  chorus::info::print_ucx_resources();
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
   if (argc > 1 && std::strcmp(argv[1], "--tune") == 0) return chorus::info::tune(argc > 2 ? argv[2] : nullptr);
+  if (argc == 2 && std::strcmp(argv[1], "--fabric") == 0) {
+    chorus::info::print_rdma_devices();
+    chorus::info::print_ucx_resources();
+    return 0;
+  }
   bool params_only = argc > 1 && std::strcmp(argv[1], "--params") == 0;
   if (argc > 1 && !params_only) {
-    fmt::print(stderr, "usage: {} [--params | --tune [FILE]]\n", argv[0]);
+    fmt::print(stderr, "usage: {} [--params | --fabric | --tune [FILE]]\n", argv[0]);
     return 2;
   }
   if (!params_only) {

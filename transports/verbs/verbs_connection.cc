@@ -554,6 +554,11 @@ std::string VerbsConnection::situation() const {
                      s_.channel);
 }
 
+void VerbsConnection::fail_peer_gone(const std::string& why) {
+  if (broken_) return;
+  fail_all(remote_error("verbs: {} {} {}", s_.peer_label, why, situation()), false);
+}
+
 Status VerbsConnection::corrupt(const RecvRequest* req, const std::string& what) const {
   return remote_error("verbs: {} sent {} on verbs channel {} while rank {} was receiving {}",
                       s_.peer_label, what, s_.channel, s_.my_rank, describe_request(req));

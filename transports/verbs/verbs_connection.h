@@ -92,6 +92,9 @@ class VerbsConnection final : public Connection {
   bool connected() const { return hello_sent_ && hello_received_; }
   uint32_t qpn() const { return s_.qp.qp->qp_num; }
   const std::string& peer_label() const { return s_.peer_label; }
+  // The side channel (verbs_side.h) says the peer is gone: fails every pending request with
+  // kRemoteError "verbs: <peer> <why> <what this rank was doing>".
+  void fail_peer_gone(const std::string& why);
 
  private:
   enum WrKind : uint64_t { kWrSlot = 1, kWrCredit, kWrHello, kWrFarewell, kWrRecv = kRecvWrId };

@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // File: transports/verbs/verbs_transport.cc
-// The verbs transport as a plug-in: the per-communicator instance (device, rings, QPs in INIT;
-// the blob publishes their numbers), connect() (QPs to RTS, then the hellos), registration.
+// The verbs transport as a plug-in: the per-communicator instance (device, rings, QPs in INIT,
+// the side channel's listener; the blob publishes their numbers and its address), connect()
+// (side channels, QPs to RTS, the ready round, then the hellos), registration.
 #include "transports/verbs/verbs_transport.h"
 
 #include <poll.h>
@@ -14,9 +15,11 @@
 #include "common/clock.h"
 #include "common/log.h"
 #include "common/params.h"
+#include "net/socket.h"
 #include "transports/verbs/verbs_connection.h"
 #include "transports/verbs/verbs_device.h"
 #include "transports/verbs/verbs_qp.h"
+#include "transports/verbs/verbs_side.h"
 #include "transports/verbs/verbs_wire.h"
 
 namespace chorus::verbs {
@@ -69,6 +72,10 @@ class VerbsInstance final : public TransportInstance {
   std::shared_ptr<Device> device_;
   std::shared_ptr<Rings> rings_;
   std::vector<QpResources> qps_;  // [rank * channels + channel]; empty for our own rank
+  UniqueFd side_listener_;        // side channels (verbs_side.h) from lower-ranked peers
+  // One per connected peer; the connections share them, and they close after the connections
+  // (whose goodbyes go first).
+  std::vector<std::shared_ptr<SideChannel>> sides_;
   std::string blob_;
 };
 
@@ -124,7 +131,15 @@ Status VerbsInstance::init() {
       qps_[index(r, c)] = std::move(q);
     }
   }
-  blob_ = encode_blob(b);
+  // The side channel listens where the bootstrap does (CHORUS_SOCKET_IFNAME).
+  CHORUS_ASSIGN_OR_RETURN(net::Interface iface, net::pick_interface());
+  net::SockAddr side_addr;
+  CHORUS_ASSIGN_OR_RETURN(side_listener_, net::listen_socket(iface.addr, &side_addr));
+  blob_ = append_side_address(encode_blob(b), side_addr);
+  if (blob_.size() > kMaxTransportBlob) {
+    return invalid_argument("verbs: {} ranks x {} channels make a {}-byte blob (at most {})",
+                            ctx_.nranks, ctx_.channels, blob_.size(), kMaxTransportBlob);
+  }
   CHORUS_INFO(kNet, "verbs: {} on {}: {} QPs, rings of {} x {} bytes ({} MiB registered)",
               ctx_.comm_label, device_->describe(), (ctx_.nranks - 1) * ctx_.channels,
               options_.slots, options_.slot_bytes, 2 * rings_->bytes >> 20);
@@ -147,38 +162,75 @@ Result<ConnectionTable> VerbsInstance::connect(const std::vector<EndpointInfo>& 
   if (qps_.empty()) return invalid_usage("verbs: rank {} connected twice", ctx_.rank);
   const int64_t start = now_ns();
   const QpSettings settings = qp_settings_from_params();
-  std::vector<VerbsConnection*> conns;
+  // 1. What each peer published: its QPs and rings, and where its side channel listens.
+  std::vector<BlobInfo> blobs(peers.size());
+  SideSetup side;
+  side.rank = ctx_.rank;
+  side.comm_uid = ctx_.comm_uid;
+  side.secret = ctx_.secret;
+  side.listen_fd = side_listener_.get();
+  side.deadline = deadline;
+  std::vector<bool> seen(static_cast<size_t>(ctx_.nranks), false);
   for (size_t i = 0; i < peers.size(); ++i) {
     const int r = peers[i];
     if (r < 0 || r >= ctx_.nranks || r == ctx_.rank || r >= static_cast<int>(all.size())) {
       return invalid_argument("verbs: rank {} given peer rank {} (out of range or itself)",
                               ctx_.rank, r);
     }
+    if (seen[static_cast<size_t>(r)])
+      return invalid_argument("verbs: rank {} given peer rank {} twice", ctx_.rank, r);
+    seen[static_cast<size_t>(r)] = true;
     const EndpointInfo& info = all[r];
     if (!info.open || info.blob.empty())
       return remote_error("verbs: {} published no verbs blob", info.describe());
+    std::string_view verbs_blob;
+    net::SockAddr side_addr;
+    CHORUS_RETURN_IF_ERROR(split_side_address(info.blob, &verbs_blob, &side_addr, info.describe()));
     BlobExpect expect{static_cast<uint32_t>(r), static_cast<uint32_t>(ctx_.nranks),
                       static_cast<uint32_t>(ctx_.channels), options_.slots, options_.slot_bytes,
                       static_cast<uint32_t>(ctx_.rank)};
-    CHORUS_ASSIGN_OR_RETURN(BlobInfo b, parse_blob(info.blob, expect, info.describe()));
+    CHORUS_ASSIGN_OR_RETURN(blobs[i], parse_blob(verbs_blob, expect, info.describe()));
+    const BlobInfo& b = blobs[i];
     if (b.link_layer != device_->port_attr().link_layer) {
       return remote_error("verbs: {} is on {} and rank {} on {}: no RDMA path between them",
                           info.describe(), b.link_layer == 1 ? "InfiniBand" : "Ethernet",
                           ctx_.rank, device_->roce() ? "Ethernet" : "InfiniBand");
     }
     for (int c = 0; c < ctx_.channels; ++c) {
-      QpResources& q = qps_[index(r, c)];
-      if (!q.qp) return invalid_argument("verbs: rank {} connected twice to rank {}", ctx_.rank, r);
-      const QpEntry& theirs = b.qps[index(ctx_.rank, c)];
+      if (!qps_[index(r, c)].qp)
+        return invalid_argument("verbs: rank {} connected twice to rank {}", ctx_.rank, r);
+    }
+    side.peers.push_back(SidePeer{r, side_addr, info.describe()});
+  }
+  // 2. A side channel to each peer (authenticated: it proves the communicator's secret).
+  CHORUS_ASSIGN_OR_RETURN(sides_, connect_side_channels(side));
+  // 3. Every QP to RTR (and RTS); then the ready round: nothing is posted before the peer's QP
+  // is in RTR too, so no first packet is dropped and no retransmit timeout waited for.
+  for (size_t i = 0; i < peers.size(); ++i) {
+    for (int c = 0; c < ctx_.channels; ++c) {
+      QpResources& q = qps_[index(peers[i], c)];
+      const QpEntry& theirs = blobs[i].qps[index(ctx_.rank, c)];
       CHORUS_RETURN_IF_ERROR(
-          connect_qp(*device_, q.qp.get(), q.psn, b, theirs.qpn, theirs.psn, settings));
+          connect_qp(*device_, q.qp.get(), q.psn, blobs[i], theirs.qpn, theirs.psn, settings));
+    }
+  }
+  CHORUS_RETURN_IF_ERROR(exchange_ready(ctx_.rank, sides_, deadline));
+  // 4. The connections; each sends its hello.
+  std::vector<std::vector<std::unique_ptr<VerbsConnection>>> made(peers.size());
+  std::vector<std::vector<int>> cq_fds(peers.size());  // what each one sleeps on
+  std::vector<VerbsConnection*> conns;
+  for (size_t i = 0; i < peers.size(); ++i) {
+    const int r = peers[i];
+    const BlobInfo& b = blobs[i];
+    for (int c = 0; c < ctx_.channels; ++c) {
+      const QpEntry& theirs = b.qps[index(ctx_.rank, c)];
       ConnectionSetup s;
       s.rings = rings_;
-      s.qp = std::move(q);
+      s.qp = std::move(qps_[index(r, c)]);
       s.my_rank = ctx_.rank;
       s.peer = r;
       s.channel = c;
-      s.peer_label = info.describe();
+      s.peer_label = all[r].describe();
       s.comm_uid = ctx_.comm_uid;
       s.slots = options_.slots;
       s.slot_bytes = options_.slot_bytes;
@@ -187,23 +239,30 @@ Result<ConnectionTable> VerbsInstance::connect(const std::vector<EndpointInfo>& 
       s.remote_ring = b.ring_base + index(ctx_.rank, c) * stride();
       s.remote_rkey = b.ring_rkey;
       s.remote_qpn = theirs.qpn;
+      cq_fds[i].push_back(s.qp.channel->fd);
       auto conn = std::make_unique<VerbsConnection>(std::move(s));
       if (!conn->error().ok()) return conn->error();
       conns.push_back(conn.get());
-      out[i].push_back(std::move(conn));
+      made[i].push_back(std::move(conn));
     }
   }
   release_unused();
   if (conns.empty()) return out;
   CHORUS_RETURN_IF_ERROR(wait_for_hellos(conns, deadline));
+  for (size_t i = 0; i < peers.size(); ++i) {
+    for (size_t c = 0; c < made[i].size(); ++c) {
+      out[i].push_back(
+          std::make_unique<WatchedConnection>(std::move(made[i][c]), sides_[i], cq_fds[i][c]));
+    }
+  }
   CHORUS_INFO(kNet, "verbs: {} connected to {} peer(s) x {} channel(s) over {} in {} ms",
               ctx_.comm_label, peers.size(), ctx_.channels, device_->describe(),
               (now_ns() - start) / 1000000);
   return out;
 }
 
-// Each connection's hello proves that both QPs are connected to each other; a peer whose QP
-// is not in RTR yet drops our first packets, which the QP retransmits (NCCL_IB_TIMEOUT).
+// Each connection's hello proves that both QPs are connected to each other (the ready round
+// made sure that the peer's QP is in RTR before the hello left).
 Status VerbsInstance::wait_for_hellos(const std::vector<VerbsConnection*>& conns,
                                       Deadline deadline) {
   const int64_t start = now_ns();
