@@ -123,6 +123,7 @@ extern IntParam kIbTc;
 extern IntParam kIbSl;
 extern IntParam kIbSlots;
 extern IntParam kIbSlotBytes;
+extern IntParam kIbRdvBytes;
 // Progress and waiting.
 extern IntParam kTimeoutMs;
 extern IntParam kSpinUs;

@@ -3,7 +3,10 @@
 // Messages as slots: each slot is one signaled RDMA WRITE_WITH_IMM of a 64-byte header and up
 // to slot_bytes - 64 of payload into the receiver's ring, at most `slots` unconsumed at a time
 // (credits); the receiver copies or reduces each slot straight into the destination and
-// returns credits as 0-byte SEND_WITH_IMM. No verbs callbacks: the CQ is polled.
+// returns credits as 0-byte SEND_WITH_IMM. Large messages from registered memory are announced
+// by a header-only slot; the receiver answers with its buffer's address (registered: the
+// sender writes the message there, zero copy) or asks for slots. No verbs callbacks: the CQ is
+// polled.
 #include "transports/verbs/verbs_connection.h"
 
 #include <endian.h>
@@ -43,6 +46,8 @@ const char* wr_name(uint64_t wr_id) {
     case 3: return "hello";
     case 4: return "farewell";
     case 5: return "receive";
+    case 6: return "rendezvous reply";
+    case 7: return "zero-copy write";
     default: return "work request";
   }
 }
@@ -65,7 +70,9 @@ void VerbsConnection::drain(int ms, Done done) {
 }
 
 VerbsConnection::VerbsConnection(ConnectionSetup setup)
-    : Connection(setup.peer, setup.channel), s_(std::move(setup)), written_(s_.slots) {
+    : Connection(setup.peer, setup.channel),
+      s_(std::move(setup)),
+      written_(s_.slots + kMaxZeroCopyWrites + 1) {
   credit_threshold_ = std::max<uint32_t>(1, s_.slots / 4);
   recv_posted_ = static_cast<int>(s_.qp.recv_depth);  // create_qp posted them
   Hello h{kHelloMagic, static_cast<uint32_t>(s_.my_rank), static_cast<uint32_t>(s_.peer),
@@ -98,6 +105,11 @@ VerbsConnection::~VerbsConnection() {
 
 bool VerbsConnection::post_wr(WrKind kind, ibv_wr_opcode opcode, uint32_t imm, ibv_sge* sge,
                               int nsge, uint64_t remote_offset) {
+  return post_write(kind, opcode, imm, sge, nsge, s_.remote_ring + remote_offset, s_.remote_rkey);
+}
+
+bool VerbsConnection::post_write(WrKind kind, ibv_wr_opcode opcode, uint32_t imm, ibv_sge* sge,
+                                 int nsge, uint64_t remote_addr, uint32_t rkey) {
   ibv_send_wr wr{};
   ibv_send_wr* bad = nullptr;
   wr.wr_id = kind;
@@ -107,8 +119,8 @@ bool VerbsConnection::post_wr(WrKind kind, ibv_wr_opcode opcode, uint32_t imm, i
   wr.send_flags = IBV_SEND_SIGNALED;
   wr.imm_data = htobe32(imm);
   if (opcode != IBV_WR_SEND_WITH_IMM) {
-    wr.wr.rdma.remote_addr = s_.remote_ring + remote_offset;
-    wr.wr.rdma.rkey = s_.remote_rkey;
+    wr.wr.rdma.remote_addr = remote_addr;
+    wr.wr.rdma.rkey = rkey;
   }
   if (int rc = ibv_post_send(s_.qp.qp.get(), &wr, &bad); rc != 0) {
     if (!broken_) {
@@ -225,6 +237,10 @@ bool VerbsConnection::on_completion(const ibv_wc& wc) {
       hello_sent_ = true;
       return true;
     case kWrFarewell:
+    case kWrReply:
+      return true;
+    case kWrZeroCopy:
+      ++zc_done_;
       return true;
     case kWrRecv:
       return on_receive(wc);
@@ -252,7 +268,40 @@ bool VerbsConnection::on_receive(const ibv_wc& wc) {
                true);
       return false;
     }
+    if (rx_zero_copy_ && !rx_done_) {
+      fail_all(corrupt(front, fmt::format("slot {} before the end of the zero-copy message it "
+                                          "announced in slot {}",
+                                          rx_arrived_, rx_announce_seq_)),
+               true);
+      return false;
+    }
     ++rx_arrived_;
+    return true;
+  }
+  if (is_rdv_done_imm(imm)) {
+    if (wc.opcode != IBV_WC_RECV_RDMA_WITH_IMM || !rx_zero_copy_ || rx_done_ ||
+        imm != rdv_done_imm(rx_announce_seq_)) {
+      fail_all(corrupt(front, fmt::format("the end of a zero-copy message ({:#x}) where {}", imm,
+                                          rx_zero_copy_ && !rx_done_
+                                              ? fmt::format("{:#x} was due",
+                                                            rdv_done_imm(rx_announce_seq_))
+                                              : std::string("none was announced"))),
+               true);
+      return false;
+    }
+    rx_done_ = true;
+    return true;
+  }
+  if (imm == kImmRdvReply) {
+    if (wc.opcode != IBV_WC_RECV_RDMA_WITH_IMM || send_phase_ != SendPhase::kAwaitReply ||
+        reply_arrived_) {
+      fail_all(remote_error("verbs: {} sent a rendezvous reply on verbs channel {} that rank {} "
+                            "did not ask for {}",
+                            s_.peer_label, s_.channel, s_.my_rank, situation()),
+               true);
+      return false;
+    }
+    reply_arrived_ = true;
     return true;
   }
   if (is_credit_imm(imm)) {
@@ -328,64 +377,43 @@ bool VerbsConnection::progress() {
   return moved;
 }
 
-// The registered range's MR that covers the whole of a send's buffer, or null.
-static const ibv_mr* mr_covering(const SendRequest& req) {
-  if (req.key == nullptr) return nullptr;
-  const ibv_mr* mr = static_cast<const MrKey*>(req.key)->mr();
+// The registered range's MR that covers all of [buf, buf + bytes), or null. With
+// `remote_write`, only one the peer may write into.
+static const ibv_mr* mr_covering(const RegistrationKey* key, const void* buf, size_t bytes,
+                                 bool remote_write) {
+  if (key == nullptr) return nullptr;
+  const auto* mk = static_cast<const MrKey*>(key);
+  if (remote_write && !mk->remote_write()) return nullptr;
+  const ibv_mr* mr = mk->mr();
   const auto base = reinterpret_cast<uintptr_t>(mr->addr);
-  const auto buf = reinterpret_cast<uintptr_t>(req.buf);
-  if (buf < base || buf - base > mr->length || mr->length - (buf - base) < req.bytes) return nullptr;
+  const auto p = reinterpret_cast<uintptr_t>(buf);
+  if (p < base || p - base > mr->length || mr->length - (p - base) < bytes) return nullptr;
   return mr;
 }
 
 bool VerbsConnection::progress_sends() {
   bool moved = false;
   while (!sends_.empty() && !broken_) {
-    if (tx_seq_ - tx_credit_ >= s_.slots || tx_seq_ - tx_done_ >= s_.slots) break;
     SendRequest* req = sends_.front();
-    const size_t n = std::min(payload_bytes(), req->bytes - send_offset_);
-    uint8_t* slot = tx_slot(tx_seq_);
-    SlotHeader h{};
-    h.magic = kSlotMagic;
-    h.payload = static_cast<uint32_t>(n);
-    h.tag = req->tag;
-    h.total = req->bytes;
-    h.offset = send_offset_;
-    h.seq = tx_seq_;
-    std::memcpy(slot, &h, sizeof(h));
-    const auto* src = static_cast<const uint8_t*>(req->buf) + send_offset_;
-    ibv_sge sge[2];
-    sge[0].addr = reinterpret_cast<uintptr_t>(slot);
-    sge[0].lkey = s_.rings->tx_mr->lkey;
-    int nsge = 1;
-    const ibv_mr* mr = n > 0 ? mr_covering(*req) : nullptr;
-    if (mr != nullptr) {  // registered: the HCA reads the payload where it is
-      sge[0].length = kSlotHeaderBytes;
-      sge[1].addr = reinterpret_cast<uintptr_t>(src);
-      sge[1].length = static_cast<uint32_t>(n);
-      sge[1].lkey = mr->lkey;
-      nsge = 2;
-    } else {
-      if (n > 0) std::memcpy(slot + kSlotHeaderBytes, src, n);
-      sge[0].length = static_cast<uint32_t>(kSlotHeaderBytes + n);
+    bool went = false;
+    switch (send_phase_) {
+      case SendPhase::kFresh:
+      case SendPhase::kSlots:
+        went = send_slot(req);
+        break;
+      case SendPhase::kAwaitReply:
+        went = take_reply(req);
+        break;
+      case SendPhase::kZeroCopy:
+        went = send_zero_copy(req);
+        break;
     }
-    if (!post_wr(kWrSlot, IBV_WR_RDMA_WRITE_WITH_IMM, slot_imm(tx_seq_), sge, nsge,
-                 (tx_seq_ % s_.slots) * s_.slot_bytes)) {
-      return true;
-    }
-    ++tx_seq_;
-    send_offset_ += n;
+    if (!went) break;
     moved = true;
-    req->bytes_done.store(send_offset_, std::memory_order_relaxed);
-    if (send_offset_ == req->bytes) {
-      sends_.pop();
-      written_[(written_head_ + written_count_) % written_.size()] = {req, tx_seq_};
-      ++written_count_;
-      send_offset_ = 0;
-    }
   }
-  while (written_count_ > 0 && written_[written_head_].second <= tx_done_) {
-    SendRequest* req = written_[written_head_].first;
+  while (written_count_ > 0 && written_[written_head_].slots <= tx_done_ &&
+         written_[written_head_].writes <= zc_done_) {
+    SendRequest* req = written_[written_head_].req;
     written_head_ = (written_head_ + 1) % written_.size();
     --written_count_;
     moved = true;
@@ -394,15 +422,133 @@ bool VerbsConnection::progress_sends() {
   return moved;
 }
 
+// One slot of the front send: its announcement (a large message from registered memory, not
+// yet begun), or its next piece of payload.
+bool VerbsConnection::send_slot(SendRequest* req) {
+  if (tx_seq_ - tx_credit_ >= s_.slots || tx_seq_ - tx_done_ >= s_.slots) return false;
+  const ibv_mr* mr = req->bytes > 0 ? mr_covering(req->key, req->buf, req->bytes, false) : nullptr;
+  const bool announce = send_phase_ == SendPhase::kFresh && mr != nullptr &&
+                        s_.rdv_bytes > 0 && req->bytes >= s_.rdv_bytes;
+  const size_t n = announce ? 0 : std::min(payload_bytes(), req->bytes - send_offset_);
+  uint8_t* slot = tx_slot(tx_seq_);
+  SlotHeader h{};
+  h.magic = kSlotMagic;
+  h.payload = static_cast<uint32_t>(n);
+  h.tag = req->tag;
+  h.total = req->bytes;
+  h.offset = send_offset_;
+  h.seq = tx_seq_;
+  h.flags = announce ? kSlotAnnounce : 0;
+  std::memcpy(slot, &h, sizeof(h));
+  const auto* src = static_cast<const uint8_t*>(req->buf) + send_offset_;
+  ibv_sge sge[2];
+  sge[0].addr = reinterpret_cast<uintptr_t>(slot);
+  sge[0].lkey = s_.rings->tx_mr->lkey;
+  int nsge = 1;
+  if (n > 0 && mr != nullptr) {  // registered: the HCA reads the payload where it is
+    sge[0].length = kSlotHeaderBytes;
+    sge[1].addr = reinterpret_cast<uintptr_t>(src);
+    sge[1].length = static_cast<uint32_t>(n);
+    sge[1].lkey = mr->lkey;
+    nsge = 2;
+  } else {
+    if (n > 0) std::memcpy(slot + kSlotHeaderBytes, src, n);
+    sge[0].length = static_cast<uint32_t>(kSlotHeaderBytes + n);
+  }
+  if (!post_wr(kWrSlot, IBV_WR_RDMA_WRITE_WITH_IMM, slot_imm(tx_seq_), sge, nsge,
+               (tx_seq_ % s_.slots) * s_.slot_bytes)) {
+    return false;
+  }
+  if (announce) {
+    announce_seq_ = tx_seq_;
+    ++tx_seq_;
+    send_phase_ = SendPhase::kAwaitReply;
+    return true;
+  }
+  send_phase_ = SendPhase::kSlots;
+  ++tx_seq_;
+  send_offset_ += n;
+  s_.counters->ring_sent(n);
+  req->bytes_done.store(send_offset_, std::memory_order_relaxed);
+  if (send_offset_ == req->bytes) finish_send(req);
+  return true;
+}
+
+// The receiver's answer to the front send's announcement: where to write it, or "as slots".
+bool VerbsConnection::take_reply(SendRequest* req) {
+  if (!reply_arrived_) return false;
+  reply_arrived_ = false;
+  RdvReply r{};
+  std::memcpy(&r, rx_aux() + kRdvReplyOffset, sizeof(r));
+  if (std::string bad = check_reply(r, announce_seq_, req->bytes); !bad.empty()) {
+    fail_all(remote_error("verbs: {} sent {} on verbs channel {} {}", s_.peer_label, bad,
+                          s_.channel, situation()),
+             true);
+    return false;
+  }
+  send_offset_ = 0;
+  if (r.mode == kRdvRing) {
+    send_phase_ = SendPhase::kSlots;
+  } else {
+    send_phase_ = SendPhase::kZeroCopy;
+    zc_addr_ = r.addr;
+    zc_rkey_ = r.rkey;
+  }
+  return true;
+}
+
+// The next piece of the front send, written straight into the receiver's buffer; the last one
+// carries the immediate that completes the receive (RC places every earlier write first).
+bool VerbsConnection::send_zero_copy(SendRequest* req) {
+  if (zc_posted_ - zc_done_ >= kMaxZeroCopyWrites) return false;
+  const ibv_mr* mr = mr_covering(req->key, req->buf, req->bytes, false);
+  const size_t n = std::min<size_t>(s_.max_write, req->bytes - send_offset_);
+  const bool last = send_offset_ + n == req->bytes;
+  ibv_sge sge{reinterpret_cast<uintptr_t>(static_cast<const uint8_t*>(req->buf) + send_offset_),
+              static_cast<uint32_t>(n), mr->lkey};
+  if (!post_write(kWrZeroCopy, last ? IBV_WR_RDMA_WRITE_WITH_IMM : IBV_WR_RDMA_WRITE,
+                  rdv_done_imm(announce_seq_), &sge, 1, zc_addr_ + send_offset_, zc_rkey_)) {
+    return false;
+  }
+  ++zc_posted_;
+  send_offset_ += n;
+  req->bytes_done.store(send_offset_, std::memory_order_relaxed);
+  if (last) {
+    s_.counters->zero_copy_sent(req->bytes);
+    finish_send(req);
+  }
+  return true;
+}
+
+// Every work request of the front send is posted: it completes once they have.
+void VerbsConnection::finish_send(SendRequest* req) {
+  sends_.pop();
+  written_[(written_head_ + written_count_) % written_.size()] = {req, tx_seq_, zc_posted_};
+  ++written_count_;
+  send_offset_ = 0;
+  send_phase_ = SendPhase::kFresh;
+}
+
 bool VerbsConnection::progress_recvs() {
   bool moved = false;
-  while (!recvs_.empty() && rx_seq_ < rx_arrived_ && !broken_) {
+  while (!recvs_.empty() && !broken_) {
     RecvRequest* req = recvs_.front();
+    if (rx_zero_copy_) {  // the sender writes the message into dst
+      if (!rx_done_) break;
+      rx_zero_copy_ = rx_done_ = false;
+      rx_in_message_ = false;
+      s_.counters->zero_copy_received(rx_total_);
+      req->bytes_done.store(rx_total_, std::memory_order_relaxed);
+      recvs_.pop();
+      req->complete();  // the caller may free it now
+      moved = true;
+      continue;
+    }
+    if (rx_seq_ >= rx_arrived_) break;
     const uint8_t* slot = rx_slot(rx_seq_);
     SlotHeader h{};
     std::memcpy(&h, slot, sizeof(h));
-    std::string bad = check_slot(h, rx_seq_, rx_in_message_ ? rx_offset_ : 0, rx_total_,
-                                 s_.slot_bytes);
+    std::string bad = check_slot(h, rx_seq_, rx_in_message_, rx_offset_, rx_total_, s_.slot_bytes);
     if (!bad.empty()) {
       fail_all(corrupt(req, bad), true);
       return true;
@@ -415,6 +561,12 @@ bool VerbsConnection::progress_recvs() {
       rx_in_message_ = true;
       rx_total_ = h.total;
       rx_offset_ = 0;
+    }
+    if (h.flags == kSlotAnnounce) {
+      ++rx_seq_;
+      moved = true;
+      if (!answer_announcement(req, h)) return true;
+      continue;
     }
     if (h.payload > 0) {
       const uint8_t* payload = slot + kSlotHeaderBytes;
@@ -431,6 +583,7 @@ bool VerbsConnection::progress_recvs() {
       } else {
         std::memcpy(dst, payload, h.payload);
       }
+      s_.counters->ring_received(h.payload);
     }
     rx_offset_ += h.payload;
     ++rx_seq_;
@@ -443,6 +596,36 @@ bool VerbsConnection::progress_recvs() {
     }
   }
   return moved;
+}
+
+// Zero copy when the receive's whole buffer lies in memory the peer may write and it only
+// copies (a reducing receive combines each slot as it comes: it takes the ring). Otherwise the
+// message follows as slots from offset 0.
+bool VerbsConnection::answer_announcement(RecvRequest* req, const SlotHeader& h) {
+  const ibv_mr* mr = req->reduce == nullptr ? mr_covering(req->key, req->dst, h.total, true)
+                                            : nullptr;
+  RdvReply r{};
+  r.magic = kRdvReplyMagic;
+  r.mode = mr != nullptr ? kRdvZeroCopy : kRdvRing;
+  r.seq = h.seq;
+  r.bytes = h.total;
+  if (mr != nullptr) {
+    r.addr = reinterpret_cast<uintptr_t>(req->dst);
+    r.rkey = mr->rkey;
+  }
+  std::memcpy(tx_aux() + kRdvReplyOffset, &r, sizeof(r));
+  ibv_sge sge{reinterpret_cast<uintptr_t>(tx_aux() + kRdvReplyOffset),
+              static_cast<uint32_t>(sizeof(r)), s_.rings->tx_mr->lkey};
+  if (!post_wr(kWrReply, IBV_WR_RDMA_WRITE_WITH_IMM, kImmRdvReply, &sge, 1,
+               uint64_t{s_.slots} * s_.slot_bytes + kRdvReplyOffset)) {
+    return false;
+  }
+  if (mr != nullptr) {
+    rx_zero_copy_ = true;
+    rx_done_ = false;
+    rx_announce_seq_ = h.seq;
+  }
+  return true;
 }
 
 void VerbsConnection::maybe_send_credit() {
@@ -460,7 +643,7 @@ bool VerbsConnection::peek(MsgTag* tag, uint64_t* bytes) {
   if (rx_seq_ < rx_arrived_) {
     SlotHeader h{};
     std::memcpy(&h, rx_slot(rx_seq_), sizeof(h));
-    if (std::string bad = check_slot(h, rx_seq_, 0, 0, s_.slot_bytes); !bad.empty()) {
+    if (std::string bad = check_slot(h, rx_seq_, false, 0, 0, s_.slot_bytes); !bad.empty()) {
       fail_all(corrupt(nullptr, bad), true);
       return false;
     }
@@ -496,7 +679,7 @@ void VerbsConnection::send_farewell(Code code, const std::string& reason) {
 }
 
 bool VerbsConnection::check_gone() {
-  if (!fw_arrived_ || rx_seq_ < rx_arrived_) return false;
+  if (!fw_arrived_ || rx_seq_ < rx_arrived_ || rx_done_) return false;
   if (fw_wire_code_ == 0) {
     fail_all(remote_error("verbs: {} closed its end of verbs channel {} (its communicator went "
                           "away) {}",
@@ -532,7 +715,7 @@ void VerbsConnection::fail_all(Status status, bool tell_peer) {
   }
   sends_.fail_all();
   while (written_count_ > 0) {
-    SendRequest* req = written_[written_head_].first;
+    SendRequest* req = written_[written_head_].req;
     written_head_ = (written_head_ + 1) % written_.size();
     --written_count_;
     req->fail();
@@ -546,7 +729,7 @@ std::string VerbsConnection::situation() const {
                        describe_request(recvs_.front()), s_.channel);
   }
   if (!sends_.empty() || written_count_ > 0) {
-    const SendRequest* req = written_count_ > 0 ? written_[written_head_].first : sends_.front();
+    const SendRequest* req = written_count_ > 0 ? written_[written_head_].req : sends_.front();
     return fmt::format("while rank {} was sending {} on verbs channel {}", s_.my_rank,
                        describe_request(req), s_.channel);
   }

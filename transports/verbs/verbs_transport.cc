@@ -8,6 +8,7 @@
 #include <sys/mman.h>
 
 #include <cerrno>
+#include <algorithm>
 #include <cstring>
 #include <vector>
 
@@ -40,19 +41,26 @@ class VerbsInstance final : public TransportInstance {
   Result<ConnectionTable> connect(const std::vector<EndpointInfo>& all,
                                   const std::vector<int>& peers, Deadline deadline) override;
 
-  // A registered range's MR (MrKey): sends from it are read in place. Local read access only,
-  // so read-only memory registers too.
+  // A registered range's MR (MrKey): sends from it are read in place, receives into it take
+  // rendezvous messages written by the peer. Read-only memory cannot be registered for
+  // writing: it gets an MR for local reads (sends) only.
   KeyFactory key_factory() override {
     return [dev = device_](const RegisteredRange& range)
                -> Result<std::unique_ptr<RegistrationKey>> {
-      IbvPtr<ibv_mr> mr(ibv_reg_mr(dev->pd(), const_cast<void*>(range.base), range.bytes, 0));
+      void* base = const_cast<void*>(range.base);
+      IbvPtr<ibv_mr> mr(ibv_reg_mr(dev->pd(), base, range.bytes,
+                                   IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE));
+      const bool writable = mr != nullptr;
+      if (!mr) mr.reset(ibv_reg_mr(dev->pd(), base, range.bytes, 0));
       if (!mr) {
         return system_error(errno, fmt::format("verbs: ibv_reg_mr of {} bytes at {} on {}",
                                                range.bytes, range.base, dev->name()));
       }
-      return std::unique_ptr<RegistrationKey>(new MrKey(dev, std::move(mr)));
+      return std::unique_ptr<RegistrationKey>(new MrKey(dev, std::move(mr), writable));
     };
   }
+
+  ByteCounts byte_counts() const { return counters_->get(); }
 
  private:
   size_t index(int rank, int channel) const {
@@ -70,6 +78,7 @@ class VerbsInstance final : public TransportInstance {
   std::shared_ptr<Rings> rings_;
   std::vector<QpResources> qps_;  // [rank * channels + channel]; empty for our own rank
   std::string blob_;
+  std::shared_ptr<ByteCounters> counters_ = std::make_shared<ByteCounters>();
 };
 
 Status VerbsInstance::init() {
@@ -98,10 +107,11 @@ Status VerbsInstance::init() {
                                            "(ulimit -l?)",
                                            rings_->bytes, device_->name()));
   }
-  // Send queue: every slot, a credit, the hello and the farewell. Receive queue: every slot,
-  // as many credits (each stands for at least one consumed slot), the hello and the farewell.
-  const uint32_t send_depth = options_.slots + 4;
-  const uint32_t recv_depth = 2 * options_.slots + 4;
+  // Send queue: every slot, a credit, the hello, the farewell, rendezvous replies and
+  // zero-copy writes. Receive queue: every slot, as many credits (each stands for at least one
+  // consumed slot), the hello, the farewell, rendezvous replies and ends.
+  const uint32_t send_depth = options_.slots + 1 + VerbsConnection::kExtraSendWrs;
+  const uint32_t recv_depth = 2 * options_.slots + VerbsConnection::kExtraRecvWrs;
   BlobInfo b;
   b.link_layer = static_cast<uint8_t>(device_->port_attr().link_layer);
   b.mtu = static_cast<uint8_t>(device_->port_attr().active_mtu);
@@ -187,6 +197,10 @@ Result<ConnectionTable> VerbsInstance::connect(const std::vector<EndpointInfo>& 
       s.remote_ring = b.ring_base + index(ctx_.rank, c) * stride();
       s.remote_rkey = b.ring_rkey;
       s.remote_qpn = theirs.qpn;
+      s.rdv_bytes = options_.rdv_bytes;
+      s.max_write = static_cast<uint32_t>(
+          std::min<uint64_t>(uint64_t{1} << 20, device_->port_attr().max_msg_sz));
+      s.counters = counters_;
       auto conn = std::make_unique<VerbsConnection>(std::move(s));
       if (!conn->error().ok()) return conn->error();
       conns.push_back(conn.get());
@@ -249,7 +263,13 @@ VerbsOptions options_from_params() {
   VerbsOptions o;
   o.slots = static_cast<uint32_t>(params::kIbSlots.get());
   o.slot_bytes = static_cast<uint32_t>(params::kIbSlotBytes.get());
+  o.rdv_bytes = static_cast<uint64_t>(params::kIbRdvBytes.get());
   return o;
+}
+
+ByteCounts instance_byte_counts(const TransportInstance& instance) {
+  const auto* v = dynamic_cast<const VerbsInstance*>(&instance);
+  return v != nullptr ? v->byte_counts() : ByteCounts{};
 }
 
 Result<std::unique_ptr<TransportInstance>> open_instance(const TransportContext& ctx,

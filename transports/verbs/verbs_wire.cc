@@ -122,17 +122,30 @@ Result<BlobInfo> parse_blob(std::string_view bytes, const BlobExpect& expect,
   return b;
 }
 
-std::string check_slot(const SlotHeader& h, uint64_t seq, uint64_t offset, uint64_t total,
-                       size_t slot_bytes) {
+std::string check_slot(const SlotHeader& h, uint64_t seq, bool in_message, uint64_t offset,
+                       uint64_t total, size_t slot_bytes) {
   if (h.magic != kSlotMagic) return fmt::format("a slot with magic {:#010x}", h.magic);
   if (h.seq != seq) return fmt::format("slot {} where slot {} was due", h.seq, seq);
+  if ((h.flags & ~kSlotAnnounce) != 0 || h.reserved != 0) {
+    return fmt::format("a slot with flags {:#x} (reserved {:#x})", h.flags, h.reserved);
+  }
+  if (h.flags == kSlotAnnounce) {
+    if (in_message) return "an announcement in the middle of a message";
+    if (h.payload != 0 || h.offset != 0 || h.total == 0) {
+      return fmt::format("an announcement of a {}-byte message with {} payload bytes at offset "
+                         "{}",
+                         h.total, h.payload, h.offset);
+    }
+    return "";
+  }
   if (h.payload > slot_bytes - kSlotHeaderBytes) {
     return fmt::format("a slot claiming {} payload bytes", h.payload);
   }
+  if (!in_message) offset = 0;
   if (h.offset != offset) {
     return fmt::format("a slot at message offset {} where offset {} was due", h.offset, offset);
   }
-  if (offset != 0 && h.total != total) {
+  if (in_message && h.total != total) {
     return fmt::format("a slot of a {}-byte message in the middle of a {}-byte one", h.total,
                        total);
   }
@@ -143,6 +156,27 @@ std::string check_slot(const SlotHeader& h, uint64_t seq, uint64_t offset, uint6
   // Every slot but a message's last is full.
   if (h.offset + h.payload < h.total && h.payload != slot_bytes - kSlotHeaderBytes) {
     return fmt::format("a partial slot of {} bytes in the middle of a message", h.payload);
+  }
+  return "";
+}
+
+std::string check_reply(const RdvReply& r, uint64_t seq, uint64_t bytes) {
+  if (r.magic != kRdvReplyMagic) return fmt::format("a rendezvous reply with magic {:#010x}", r.magic);
+  if (r.seq != seq) {
+    return fmt::format("a rendezvous reply to the announcement in slot {} where slot {} was due",
+                       r.seq, seq);
+  }
+  if (r.bytes != bytes) {
+    return fmt::format("a rendezvous reply for {} bytes to an announcement of {}", r.bytes, bytes);
+  }
+  if (r.reserved != 0 || r.reserved2 != 0) return "a rendezvous reply with reserved fields set";
+  if (r.mode == kRdvRing) {
+    if (r.addr != 0 || r.rkey != 0) return "a rendezvous reply 'through the ring' with an address";
+    return "";
+  }
+  if (r.mode != kRdvZeroCopy) return fmt::format("a rendezvous reply of mode {}", r.mode);
+  if (r.addr == 0 || r.addr > UINT64_MAX - r.bytes) {
+    return fmt::format("a rendezvous reply to write {} bytes at {:#x}", r.bytes, r.addr);
   }
   return "";
 }

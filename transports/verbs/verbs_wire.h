@@ -27,7 +27,7 @@ namespace chorus::verbs {
 //   entry [r * channels + c]: u32 QP number | u32 initial PSN of this rank's QP for (r, c);
 //   zero for its own rank.
 inline constexpr uint32_t kBlobMagic = 0x43484942;  // "CHIB"
-inline constexpr uint16_t kBlobVersion = 1;
+inline constexpr uint16_t kBlobVersion = 2;  // 2: rendezvous (announce, reply)
 inline constexpr size_t kBlobHeaderBytes = 64;
 inline constexpr size_t kBlobEntryBytes = 8;
 inline constexpr size_t kMaxBlobBytes = 4096;  // = kMaxTransportBlob
@@ -39,11 +39,14 @@ inline constexpr uint32_t kMaxSlots = 256;
 inline constexpr uint32_t kMinSlotBytes = 4096;
 inline constexpr uint32_t kMaxSlotBytes = 8u << 20;  // rxe's max_msg_sz; the port's is checked too
 inline constexpr size_t kSlotHeaderBytes = 64;
-// After a connection's slots: 64 bytes of hello, then the farewell (header + text).
+// After a connection's slots: 64 bytes of hello, the farewell (header + text), then the
+// rendezvous reply.
 inline constexpr size_t kAuxBytes = 4096;
 inline constexpr size_t kHelloOffset = 0;
 inline constexpr size_t kFarewellOffset = 64;
-static_assert(kFarewellOffset + 16 + kMaxFarewellBytes <= kAuxBytes);
+inline constexpr size_t kRdvReplyOffset = 2176;
+static_assert(kFarewellOffset + 16 + kMaxFarewellBytes <= kRdvReplyOffset);
+static_assert(kRdvReplyOffset + 64 <= kAuxBytes);
 
 // Bytes of one connection's ring (its slots, then the aux area).
 inline uint64_t ring_stride(uint32_t slots, uint32_t slot_bytes) {
@@ -91,9 +94,19 @@ Result<BlobInfo> parse_blob(std::string_view bytes, const BlobExpect& expect,
 // ---- Immediate data of a work request (sent big-endian, as a __be32) ------------------------
 //   bit 31 = 0                  a slot: low 31 bits of its sequence number
 //   bits 31,30 = 1,0            a credit: low 30 bits of the receiver's consumed-slot count
+//   bits 31..29 = 1,1,0         a rendezvous message written: low 29 bits of the sequence
+//                               number of the slot that announced it
+//   0xfffffffd                  a rendezvous reply (RdvReply in the aux area)
 //   0xfffffffe / 0xffffffff     the hello / the farewell (data in the aux area)
+inline constexpr uint32_t kImmRdvReply = 0xfffffffd;
 inline constexpr uint32_t kImmHello = 0xfffffffe;
 inline constexpr uint32_t kImmFarewell = 0xffffffff;
+inline constexpr uint32_t kImmRdvDoneFlag = 0xc0000000;
+inline constexpr uint32_t kImmRdvDoneMask = 0x1fffffff;
+inline uint32_t rdv_done_imm(uint64_t seq) {
+  return kImmRdvDoneFlag | (static_cast<uint32_t>(seq) & kImmRdvDoneMask);
+}
+inline bool is_rdv_done_imm(uint32_t imm) { return (imm & 0xe0000000u) == kImmRdvDoneFlag; }
 inline constexpr uint32_t kImmSlotMask = 0x7fffffff;
 inline constexpr uint32_t kImmCreditFlag = 0x80000000;
 inline constexpr uint32_t kImmCreditMask = 0x3fffffff;
@@ -119,16 +132,44 @@ struct SlotHeader {
   uint64_t total;    // bytes of the whole message
   uint64_t offset;   // of this slot's payload in the message
   uint64_t seq;      // the slot's sequence number on the connection
-  uint64_t reserved;
+  uint32_t flags;    // kSlotAnnounce, or 0
+  uint32_t reserved;
 };
 static_assert(sizeof(SlotHeader) == kSlotHeaderBytes);
 inline constexpr uint32_t kSlotMagic = 0x4348494d;  // "CHIM"
+// A header-only slot (payload 0, offset 0) that announces a message of `total` bytes (> 0)
+// from registered memory: the receiver answers with an RdvReply, and the payload follows either
+// written straight into the receiver's buffer or as ordinary slots from offset 0.
+inline constexpr uint32_t kSlotAnnounce = 1;
 
-// Checks a slot's header against what the receiver expects next: slot `seq`, and offset
-// `offset` of a message of `total` bytes (offset 0: a new message, total unknown). Empty when
-// fine, else what is wrong, for an error message.
-std::string check_slot(const SlotHeader& h, uint64_t seq, uint64_t offset, uint64_t total,
-                       size_t slot_bytes);
+// Checks a slot's header against what the receiver expects next: slot `seq`; with
+// `in_message`, the payload at `offset` of the message of `total` bytes already begun (or
+// announced), else the first slot (or the announcement) of a new message. Empty when fine,
+// else what is wrong, for an error message.
+std::string check_slot(const SlotHeader& h, uint64_t seq, bool in_message, uint64_t offset,
+                       uint64_t total, size_t slot_bytes);
+
+// The receiver's answer to an announcement, written into the sender's aux area
+// (kRdvReplyOffset) with immediate kImmRdvReply: either where to write the message (zero copy:
+// `addr` in the memory of `rkey`, `bytes` long) or "send it through my ring" (addr and rkey 0).
+struct RdvReply {
+  uint32_t magic;  // kRdvReplyMagic
+  uint32_t mode;   // kRdvZeroCopy or kRdvRing
+  uint64_t seq;    // sequence number of the announcing slot
+  uint64_t bytes;  // the message's size, as the receiver accepted it
+  uint64_t addr;
+  uint32_t rkey;
+  uint32_t reserved;
+  uint64_t reserved2;
+};
+static_assert(sizeof(RdvReply) == 48);
+inline constexpr uint32_t kRdvReplyMagic = 0x43485256;  // "CHRV"
+inline constexpr uint32_t kRdvZeroCopy = 1;
+inline constexpr uint32_t kRdvRing = 2;
+
+// Checks a reply against the announcement it must answer (slot `seq`, `bytes`). Empty when
+// fine, else what is wrong.
+std::string check_reply(const RdvReply& r, uint64_t seq, uint64_t bytes);
 
 struct Hello {
   uint32_t magic;  // kHelloMagic
