@@ -34,7 +34,8 @@
 namespace chorus::verbs {
 namespace {
 
-BlobInfo sample_blob(uint32_t rank = 1, uint32_t nranks = 3, uint32_t channels = 2) {
+BlobInfo sample_blob(uint32_t rank = 1, uint32_t nranks = 3, uint32_t channels = 2,
+                     uint32_t qps = 1) {
   BlobInfo b;
   b.link_layer = 2;
   b.mtu = 3;
@@ -49,16 +50,18 @@ BlobInfo sample_blob(uint32_t rank = 1, uint32_t nranks = 3, uint32_t channels =
   b.ring_rkey = 0x1234;
   for (int i = 0; i < 16; ++i) b.gid[static_cast<size_t>(i)] = static_cast<uint8_t>(i == 10 || i == 11 ? 0xff : 0);
   b.gid[15] = 7;
-  b.qps.resize(nranks * channels);
-  for (uint32_t i = 0; i < nranks * channels; ++i) {
-    if (i / channels == rank) continue;
+  b.qps_per_connection = qps;
+  b.qps.resize(nranks * channels * qps);
+  for (uint32_t i = 0; i < nranks * channels * qps; ++i) {
+    if (i / qps / channels == rank) continue;
     b.qps[i] = QpEntry{0x100 + i, 0xabc00 + i};
   }
   return b;
 }
 
 BlobExpect expect_for(const BlobInfo& b, uint32_t my_rank = 0) {
-  return BlobExpect{b.rank, b.nranks, b.channels, b.slots, b.slot_bytes, my_rank};
+  return BlobExpect{b.rank, b.nranks, b.channels, b.slots, b.slot_bytes, my_rank,
+                    b.qps_per_connection};
 }
 
 Status parse(const std::string& bytes, const BlobExpect& e) {
@@ -85,6 +88,59 @@ TEST_CASE("verbs blob: what is encoded parses back", "[unit][verbs]") {
   CHECK(r->qps[2].qpn == 0);  // rank 1's own entries
 }
 
+TEST_CASE("verbs blob: several QPs per connection", "[unit][verbs]") {
+  BlobInfo b = sample_blob(1, 3, 2, 4);
+  std::string bytes = encode_blob(b);
+  CHECK(bytes.size() == kBlobHeaderBytes + 24 * kBlobEntryBytes);
+  auto r = parse_blob(bytes, expect_for(b), "rank 1");
+  REQUIRE(r.ok());
+  CHECK(r->qps_per_connection == 4);
+  REQUIRE(r->qps.size() == 24);
+  CHECK(r->qps[7].qpn == 0x107);  // rank 0, channel 1, QP 3
+  CHECK(r->qps[8].qpn == 0);      // rank 1's own
+  CHECK(r->qps[16].qpn == 0x110);
+  // Both sides must agree on the count.
+  BlobExpect one = expect_for(b);
+  one.qps_per_connection = 1;
+  CHECK_THAT(parse(bytes, one).message(), Catch::Contains("uses 4 QPs per connection, this rank 1"));
+  // Every QP of ours must be named; the entry count follows the QP count.
+  BlobInfo m = b;
+  m.qps[6].qpn = 0;  // rank 0, channel 1, QP 2
+  CHECK_THAT(parse(encode_blob(m), expect_for(b)).message(),
+             Catch::Contains("no QP for rank 0 channel 1"));
+  m = b;
+  m.qps.pop_back();
+  CHECK_THAT(parse(encode_blob(m), expect_for(b)).message(), Catch::Contains("x 4 QPs"));
+  // 3 ranks x 10 channels x 16 QPs fit a blob; 3 x 11 x 16 (528 entries) do not.
+  BlobInfo most = sample_blob(1, 3, 10, 16);
+  CHECK(parse_blob(encode_blob(most), expect_for(most), "rank 1").ok());
+  BlobInfo over = sample_blob(1, 3, 11, 16);
+  CHECK(parse(encode_blob(over), expect_for(over)).code() == Code::kRemoteError);
+}
+
+TEST_CASE("verbs: zero-copy messages split over the QPs of a connection", "[unit][verbs]") {
+  CHECK(zero_copy_split(1, 1).parts == 1);
+  CHECK(zero_copy_split(1, 4).parts == 1);
+  CHECK(zero_copy_split(4096, 4).parts == 1);
+  CHECK(zero_copy_split(4097, 4).parts == 2);
+  CHECK(zero_copy_split(1 << 20, 4).part == 256 << 10);
+  CHECK(zero_copy_split(1 << 20, 4).parts == 4);
+  CHECK(zero_copy_split((1 << 20) + 1, 4).parts == 4);
+  CHECK(zero_copy_split(0, 4).parts == 0);
+  for (uint64_t bytes : {uint64_t{1}, uint64_t{4095}, uint64_t{65537}, uint64_t{3} << 20,
+                         uint64_t{1234567}, uint64_t{1} << 33}) {
+    for (uint32_t qps = 1; qps <= kMaxQpsPerConnection; ++qps) {
+      const ZeroCopySplit z = zero_copy_split(bytes, qps);
+      INFO(bytes << " bytes over " << qps << " QPs");
+      CHECK(z.part % 4096 == 0);
+      CHECK(z.parts >= 1);
+      CHECK(z.parts <= qps);
+      CHECK(z.part * z.parts >= bytes);        // the parts cover the message
+      CHECK(z.part * (z.parts - 1) < bytes);   // and none is empty
+    }
+  }
+}
+
 TEST_CASE("verbs blob: malformed blobs are rejected, naming the field", "[unit][verbs]") {
   const BlobInfo good = sample_blob();
   const std::string bytes = encode_blob(good);
@@ -108,8 +164,11 @@ TEST_CASE("verbs blob: malformed blobs are rejected, naming the field", "[unit][
     return parse(m, e);
   };
   CHECK_THAT(bad_byte(0, 0x41).message(), Catch::Contains("magic"));
-  CHECK_THAT(bad_byte(4, 3).message(), Catch::Contains("version 3"));
-  CHECK_THAT(bad_byte(11, 1).message(), Catch::Contains("reserved"));
+  CHECK_THAT(bad_byte(4, 4).message(), Catch::Contains("version 4"));
+  CHECK_THAT(bad_byte(11, 0).message(), Catch::Contains("0 QPs per connection"));
+  CHECK_THAT(bad_byte(11, 17).message(), Catch::Contains("17 QPs per connection"));
+  CHECK_THAT(bad_byte(11, 2).message(), Catch::Contains("uses 2 QPs per connection, this rank 1") &&
+                                            Catch::Contains("NCCL_IB_QPS_PER_CONNECTION"));
   CHECK_THAT(with([](BlobInfo& b) { b.link_layer = 3; }).message(), Catch::Contains("link layer 3"));
   CHECK_THAT(with([](BlobInfo& b) { b.mtu = 0; }).message(), Catch::Contains("MTU"));
   CHECK_THAT(with([](BlobInfo& b) { b.mtu = 6; }).message(), Catch::Contains("MTU"));
@@ -471,8 +530,14 @@ std::vector<float> random_floats(size_t n, uint32_t seed) {
 
 TEST_CASE("verbs: messages larger than the ring travel through it, both ways at once",
           "[rdma][verbs]") {
+  // With 4 QPs per connection, slots go round robin over them and land out of order.
+  const uint32_t qps = GENERATE(1u, 4u);
+  INFO(qps << " QPs per connection");
   RdmaPair pair;
-  connect_pair(&pair, VerbsOptions{4, 4096});  // 16 KiB of ring per direction
+  VerbsOptions options{4, 4096};  // 16 KiB of ring per direction
+  options.qps_per_connection = qps;
+  connect_pair(&pair, options);
+  for (int r = 0; r < 2; ++r) CHECK(static_cast<VerbsConnection*>(pair.conn(r))->nqps() == qps);
   uint32_t seq = 1;
   for (size_t count : {size_t{0}, size_t{1}, size_t{1008}, size_t{1009}, size_t{100003}}) {
     INFO(count << " floats");
@@ -561,10 +626,15 @@ TEST_CASE("verbs: registered sends are read in place; reducing receives reduce e
 // instance's counters tell which way every payload byte went.
 TEST_CASE("verbs: rendezvous writes registered messages straight into registered receives",
           "[rdma][verbs][rdv]") {
+  // With 4 QPs per connection, each zero-copy message is split over them (a part each).
+  const uint32_t qps = GENERATE(1u, 4u);
+  INFO(qps << " QPs per connection");
   RdmaPair pair;
   VerbsOptions options{4, 8192};
   options.rdv_bytes = 16384;
+  options.qps_per_connection = qps;
   connect_pair(&pair, options);
+  for (int r = 0; r < 2; ++r) CHECK(static_cast<VerbsConnection*>(pair.conn(r))->nqps() == qps);
   // Floats: below the threshold, at it, several slots' worth, and beyond one 1 MiB write.
   const std::vector<size_t> counts = {4095, 4096, 30001, 300007};
   size_t total = 0;

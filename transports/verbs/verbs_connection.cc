@@ -74,14 +74,20 @@ VerbsConnection::VerbsConnection(ConnectionSetup setup)
       s_(std::move(setup)),
       written_(s_.slots + kMaxZeroCopyWrites + 1) {
   credit_threshold_ = std::max<uint32_t>(1, s_.slots / 4);
-  recv_posted_ = static_cast<int>(s_.qp.recv_depth);  // create_qp posted them
-  Hello h{kHelloMagic, static_cast<uint32_t>(s_.my_rank), static_cast<uint32_t>(s_.peer),
-          static_cast<uint32_t>(s_.channel), s_.comm_uid, qpn(), 0};
-  std::memcpy(tx_aux() + kHelloOffset, &h, sizeof(h));
-  ibv_sge sge{reinterpret_cast<uintptr_t>(tx_aux() + kHelloOffset), static_cast<uint32_t>(sizeof(h)),
-              s_.rings->tx_mr->lkey};
-  post_wr(kWrHello, IBV_WR_RDMA_WRITE_WITH_IMM, kImmHello, &sge, 1,
-          uint64_t{s_.slots} * s_.slot_bytes + kHelloOffset);
+  tx_landed_.assign(s_.slots, 0);
+  rx_landed_.assign(s_.slots, 0);
+  for (uint32_t q = 0; q < nqps(); ++q) rx_next_.push_back(q);
+  // A hello over each QP proves it connected to its peer QP.
+  for (uint32_t q = 0; q < nqps() && !broken_; ++q) {
+    Hello h{kHelloMagic, static_cast<uint32_t>(s_.my_rank), static_cast<uint32_t>(s_.peer),
+            static_cast<uint32_t>(s_.channel), s_.comm_uid, s_.qp.qps[q]->qp_num, q};
+    const size_t at = kHelloOffset + q * kHelloBytes;
+    std::memcpy(tx_aux() + at, &h, sizeof(h));
+    ibv_sge sge{reinterpret_cast<uintptr_t>(tx_aux() + at), static_cast<uint32_t>(sizeof(h)),
+                s_.rings->tx_mr->lkey};
+    post_write(q, kWrHello, IBV_WR_RDMA_WRITE_WITH_IMM, kImmHello, &sge, 1,
+               s_.remote_ring + uint64_t{s_.slots} * s_.slot_bytes + at, s_.remote_rkey);
+  }
 }
 
 VerbsConnection::~VerbsConnection() {
@@ -91,8 +97,8 @@ VerbsConnection::~VerbsConnection() {
     broken_ = true;
     if (farewell_sent_) drain(kGoodbyeDrainMs, [&] { return farewell_done_; });
   }
-  // Sends must be flushed before the QP goes; receives carry no buffers and go with it.
-  qp_to_error(s_.qp.qp.get());
+  // Sends must be flushed before the QPs go; receives carry no buffers and go with them.
+  for (auto& qp : s_.qp.qps) qp_to_error(qp.get());
   drain(kFarewellDrainMs, [&] { return sq_outstanding_ == 0; });
   ibv_cq* cq = nullptr;
   void* cq_ctx = nullptr;
@@ -105,14 +111,15 @@ VerbsConnection::~VerbsConnection() {
 
 bool VerbsConnection::post_wr(WrKind kind, ibv_wr_opcode opcode, uint32_t imm, ibv_sge* sge,
                               int nsge, uint64_t remote_offset) {
-  return post_write(kind, opcode, imm, sge, nsge, s_.remote_ring + remote_offset, s_.remote_rkey);
+  return post_write(0, kind, opcode, imm, sge, nsge, s_.remote_ring + remote_offset,
+                    s_.remote_rkey);
 }
 
-bool VerbsConnection::post_write(WrKind kind, ibv_wr_opcode opcode, uint32_t imm, ibv_sge* sge,
-                                 int nsge, uint64_t remote_addr, uint32_t rkey) {
+bool VerbsConnection::post_write(uint32_t q, uint64_t wr_id, ibv_wr_opcode opcode, uint32_t imm,
+                                 ibv_sge* sge, int nsge, uint64_t remote_addr, uint32_t rkey) {
   ibv_send_wr wr{};
   ibv_send_wr* bad = nullptr;
-  wr.wr_id = kind;
+  wr.wr_id = wr_id;
   wr.sg_list = sge;
   wr.num_sge = nsge;
   wr.opcode = opcode;
@@ -122,11 +129,12 @@ bool VerbsConnection::post_write(WrKind kind, ibv_wr_opcode opcode, uint32_t imm
     wr.wr.rdma.remote_addr = remote_addr;
     wr.wr.rdma.rkey = rkey;
   }
-  if (int rc = ibv_post_send(s_.qp.qp.get(), &wr, &bad); rc != 0) {
+  if (int rc = ibv_post_send(s_.qp.qps[q].get(), &wr, &bad); rc != 0) {
     if (!broken_) {
       fail_all(remote_error("verbs: rank {} could not post a {} to {} on {} QP {:#x}: {} {}",
-                            s_.my_rank, wr_name(kind), s_.peer_label, s_.rings->device->name(),
-                            qpn(), std::strerror(rc), situation()),
+                            s_.my_rank, wr_name(wr_id & 0xff), s_.peer_label,
+                            s_.rings->device->name(), s_.qp.qps[q]->qp_num, std::strerror(rc),
+                            situation()),
                false);
     }
     return false;
@@ -135,22 +143,25 @@ bool VerbsConnection::post_write(WrKind kind, ibv_wr_opcode opcode, uint32_t imm
   return true;
 }
 
-bool VerbsConnection::post_receives(int n) {
-  for (int i = 0; i < n; ++i) {
-    ibv_recv_wr wr{};
-    ibv_recv_wr* bad = nullptr;
-    wr.wr_id = kWrRecv;
-    wr.num_sge = 0;  // immediate data only: slot payloads land by RDMA WRITE
-    if (int rc = ibv_post_recv(s_.qp.qp.get(), &wr, &bad); rc != 0) {
-      fail_all(remote_error("verbs: rank {} could not post a receive on {} QP {:#x} to {}: {}",
-                            s_.my_rank, s_.rings->device->name(), qpn(), s_.peer_label,
-                            std::strerror(rc)),
-               false);
-      return false;
-    }
-    ++recv_posted_;
+bool VerbsConnection::post_receive(uint32_t q) {
+  ibv_recv_wr wr{};
+  ibv_recv_wr* bad = nullptr;
+  wr.wr_id = kWrRecv;
+  wr.num_sge = 0;  // immediate data only: slot payloads land by RDMA WRITE
+  if (int rc = ibv_post_recv(s_.qp.qps[q].get(), &wr, &bad); rc != 0) {
+    fail_all(remote_error("verbs: rank {} could not post a receive on {} QP {:#x} to {}: {}",
+                          s_.my_rank, s_.rings->device->name(), s_.qp.qps[q]->qp_num,
+                          s_.peer_label, std::strerror(rc)),
+             false);
+    return false;
   }
   return true;
+}
+
+uint32_t VerbsConnection::qp_index(uint32_t qp_num) const {
+  uint32_t q = 0;
+  while (q < nqps() && s_.qp.qps[q]->qp_num != qp_num) ++q;
+  return q;
 }
 
 void VerbsConnection::post_send(SendRequest* req) {
@@ -215,26 +226,40 @@ bool VerbsConnection::poll_cq() {
 }
 
 bool VerbsConnection::on_completion(const ibv_wc& wc) {
-  if (wc.wr_id == kWrRecv) {
-    --recv_posted_;
-  } else {
+  const uint64_t kind = wc.wr_id & 0xff;
+  if (kind != kWrRecv) {
     --sq_outstanding_;
-    if (wc.wr_id == kWrFarewell) farewell_done_ = true;
+    if (kind == kWrFarewell) farewell_done_ = true;
   }
   if (broken_) return false;  // flushed, or late: bookkeeping only
   if (wc.status != IBV_WC_SUCCESS) {
     fail_all(wc_error(wc), false);
     return false;
   }
-  switch (wc.wr_id) {
-    case kWrSlot:
-      ++tx_done_;
+  switch (kind) {
+    case kWrSlot: {
+      // Slots complete in order per QP only: the staging slots are free up to the first one
+      // still in flight.
+      const uint64_t seq = wc.wr_id >> 8;
+      if (seq < tx_done_ || seq >= tx_seq_) {
+        fail_all(internal_error("verbs: completion of slot {} on QP {:#x} when slots [{}, {}) "
+                                "were in flight",
+                                seq, wc.qp_num, tx_done_, tx_seq_),
+                 false);
+        return false;
+      }
+      tx_landed_[seq % s_.slots] = 1;
+      while (tx_done_ < tx_seq_ && tx_landed_[tx_done_ % s_.slots] != 0) {
+        tx_landed_[tx_done_ % s_.slots] = 0;
+        ++tx_done_;
+      }
       return true;
+    }
     case kWrCredit:
       credit_in_flight_ = false;
       return true;
     case kWrHello:
-      hello_sent_ = true;
+      ++hellos_sent_;
       return true;
     case kWrFarewell:
     case kWrReply:
@@ -242,59 +267,59 @@ bool VerbsConnection::on_completion(const ibv_wc& wc) {
     case kWrZeroCopy:
       ++zc_done_;
       return true;
-    case kWrRecv:
-      return on_receive(wc);
+    case kWrRecv: {
+      const uint32_t q = qp_index(wc.qp_num);
+      if (q == nqps()) {
+        fail_all(internal_error("verbs: a receive completion from QP {:#x}, not one of {}'s",
+                                wc.qp_num, s_.peer_label),
+                 false);
+        return false;
+      }
+      return on_receive(wc, q);
+    }
     default:
-      fail_all(internal_error("verbs: completion with unknown id {} on QP {:#x}", wc.wr_id, qpn()),
+      fail_all(internal_error("verbs: completion with unknown id {} on QP {:#x}", wc.wr_id,
+                              wc.qp_num),
                false);
       return false;
   }
 }
 
-bool VerbsConnection::on_receive(const ibv_wc& wc) {
-  if (!post_receives(1)) return false;
+bool VerbsConnection::on_receive(const ibv_wc& wc, uint32_t q) {
+  if (!post_receive(q)) return false;
   const RecvRequest* front = recvs_.empty() ? nullptr : recvs_.front();
   if ((wc.wc_flags & IBV_WC_WITH_IMM) == 0) {
     fail_all(corrupt(front, "a message without immediate data"), true);
     return false;
   }
   const uint32_t imm = be32toh(wc.imm_data);
-  if (is_slot_imm(imm)) {
-    if (wc.opcode != IBV_WC_RECV_RDMA_WITH_IMM || imm != slot_imm(rx_arrived_) ||
-        rx_arrived_ - rx_seq_ >= s_.slots) {
-      fail_all(corrupt(front, fmt::format("slot write {:#x} where slot {} was due ({} of {} "
-                                          "slots unconsumed)",
-                                          imm, rx_arrived_, rx_arrived_ - rx_seq_, s_.slots)),
-               true);
-      return false;
-    }
-    if (rx_zero_copy_ && !rx_done_) {
-      fail_all(corrupt(front, fmt::format("slot {} before the end of the zero-copy message it "
-                                          "announced in slot {}",
-                                          rx_arrived_, rx_announce_seq_)),
-               true);
-      return false;
-    }
-    ++rx_arrived_;
-    return true;
+  if (wc.opcode != IBV_WC_RECV_RDMA_WITH_IMM && !is_credit_imm(imm)) {
+    fail_all(corrupt(front, fmt::format("a SEND with immediate data {:#x}", imm)), true);
+    return false;
   }
+  if (is_slot_imm(imm)) return on_slot(imm, q, front);
   if (is_rdv_done_imm(imm)) {
-    if (wc.opcode != IBV_WC_RECV_RDMA_WITH_IMM || !rx_zero_copy_ || rx_done_ ||
-        imm != rdv_done_imm(rx_announce_seq_)) {
-      fail_all(corrupt(front, fmt::format("the end of a zero-copy message ({:#x}) where {}", imm,
+    // Each QP that carries a part of the message ends it with this immediate; RC has placed
+    // the part's earlier writes by then.
+    const uint32_t bit = uint32_t{1} << q;
+    if (!rx_zero_copy_ || (rx_owed_ & bit) == 0 || imm != rdv_done_imm(rx_announce_seq_)) {
+      fail_all(corrupt(front, fmt::format("the end of a zero-copy message ({:#x}) over QP {} "
+                                          "where {}",
+                                          imm, q,
                                           rx_zero_copy_ && !rx_done_
-                                              ? fmt::format("{:#x} was due",
-                                                            rdv_done_imm(rx_announce_seq_))
+                                              ? fmt::format("{:#x} was due over QPs {:#x}",
+                                                            rdv_done_imm(rx_announce_seq_),
+                                                            rx_owed_)
                                               : std::string("none was announced"))),
                true);
       return false;
     }
-    rx_done_ = true;
+    rx_owed_ &= ~bit;
+    rx_done_ = rx_owed_ == 0;
     return true;
   }
   if (imm == kImmRdvReply) {
-    if (wc.opcode != IBV_WC_RECV_RDMA_WITH_IMM || send_phase_ != SendPhase::kAwaitReply ||
-        reply_arrived_) {
+    if (q != 0 || send_phase_ != SendPhase::kAwaitReply || reply_arrived_) {
       fail_all(remote_error("verbs: {} sent a rendezvous reply on verbs channel {} that rank {} "
                             "did not ask for {}",
                             s_.peer_label, s_.channel, s_.my_rank, situation()),
@@ -315,7 +340,7 @@ bool VerbsConnection::on_receive(const ibv_wc& wc) {
     tx_credit_ = consumed;
     return true;
   }
-  if (imm == kImmHello) return check_hello();
+  if (imm == kImmHello) return check_hello(q);
   if (imm == kImmFarewell) {
     read_farewell();
     return true;
@@ -324,22 +349,51 @@ bool VerbsConnection::on_receive(const ibv_wc& wc) {
   return false;
 }
 
-bool VerbsConnection::check_hello() {
-  Hello h{};
-  std::memcpy(&h, rx_aux() + kHelloOffset, sizeof(h));
-  if (hello_received_ || h.magic != kHelloMagic || h.from != static_cast<uint32_t>(s_.peer) ||
-      h.to != static_cast<uint32_t>(s_.my_rank) || h.channel != static_cast<uint32_t>(s_.channel) ||
-      h.comm_uid != s_.comm_uid || h.qpn != s_.remote_qpn) {
-    fail_all(remote_error("verbs: the hello from {} on channel {} was rejected: it names rank {} "
-                          "-> {} channel {} QP {:#x} of communicator {:#x} (magic {:#x}{}), not "
-                          "rank {} -> {} channel {} QP {:#x} of {:#x}",
-                          s_.peer_label, s_.channel, h.from, h.to, h.channel, h.qpn, h.comm_uid,
-                          h.magic, hello_received_ ? ", a second one" : "", s_.peer, s_.my_rank,
-                          s_.channel, s_.remote_qpn, s_.comm_uid),
+// A slot write over QP q: the next slot due over that QP, within the ring's window. Slots over
+// different QPs may land out of order; rx_arrived_ counts those that landed without a gap.
+bool VerbsConnection::on_slot(uint32_t imm, uint32_t q, const RecvRequest* front) {
+  const uint64_t seq = rx_next_[q];
+  if (imm != slot_imm(seq) || seq - rx_seq_ >= s_.slots) {
+    fail_all(corrupt(front, fmt::format("slot write {:#x} over QP {} where slot {} was due ({} "
+                                        "of {} slots unconsumed)",
+                                        imm, q, seq, rx_arrived_ - rx_seq_, s_.slots)),
              true);
     return false;
   }
-  hello_received_ = true;
+  if (rx_zero_copy_ && (rx_owed_ & (uint32_t{1} << q)) != 0) {
+    fail_all(corrupt(front, fmt::format("slot {} over QP {} before the end of the zero-copy "
+                                        "message it announced in slot {}",
+                                        seq, q, rx_announce_seq_)),
+             true);
+    return false;
+  }
+  rx_next_[q] = seq + nqps();
+  rx_landed_[seq % s_.slots] = 1;
+  while (rx_landed_[rx_arrived_ % s_.slots] != 0) {
+    rx_landed_[rx_arrived_ % s_.slots] = 0;
+    ++rx_arrived_;
+  }
+  return true;
+}
+
+bool VerbsConnection::check_hello(uint32_t q) {
+  Hello h{};
+  std::memcpy(&h, rx_aux() + kHelloOffset + q * kHelloBytes, sizeof(h));
+  const bool again = (hellos_received_ & (uint32_t{1} << q)) != 0;
+  if (again || h.magic != kHelloMagic || h.from != static_cast<uint32_t>(s_.peer) ||
+      h.to != static_cast<uint32_t>(s_.my_rank) || h.channel != static_cast<uint32_t>(s_.channel) ||
+      h.comm_uid != s_.comm_uid || h.qpn != s_.remote_qpns[q] || h.index != q) {
+    fail_all(remote_error("verbs: the hello from {} on channel {} was rejected: it names rank {} "
+                          "-> {} channel {} QP {:#x} ({} of the connection) of communicator "
+                          "{:#x} (magic {:#x}{}), not rank {} -> {} channel {} QP {:#x} ({}) of "
+                          "{:#x}",
+                          s_.peer_label, s_.channel, h.from, h.to, h.channel, h.qpn, h.index,
+                          h.comm_uid, h.magic, again ? ", a second one" : "", s_.peer,
+                          s_.my_rank, s_.channel, s_.remote_qpns[q], q, s_.comm_uid),
+             true);
+    return false;
+  }
+  hellos_received_ |= uint32_t{1} << q;
   return true;
 }
 
@@ -365,11 +419,13 @@ bool VerbsConnection::progress() {
   if (!broken_) moved |= progress_recvs();
   if (!broken_) maybe_send_credit();
   if (broken_) return true;
-  if (std::string why = s_.rings->device->failure(qpn()); !why.empty()) {
-    fail_all(remote_error("verbs: {} for {} QP {:#x} (to {}) {}", why, s_.rings->device->name(),
-                          qpn(), s_.peer_label, situation()),
-             false);
-    return true;
+  for (auto& qp : s_.qp.qps) {
+    if (std::string why = s_.rings->device->failure(qp->qp_num); !why.empty()) {
+      fail_all(remote_error("verbs: {} for {} QP {:#x} (to {}) {}", why, s_.rings->device->name(),
+                            qp->qp_num, s_.peer_label, situation()),
+               false);
+      return true;
+    }
   }
   // The peer's farewell counts once the data that came before it is consumed, and only while
   // something waits here (a peer that sent its last message and left is no failure).
@@ -455,8 +511,10 @@ bool VerbsConnection::send_slot(SendRequest* req) {
     if (n > 0) std::memcpy(slot + kSlotHeaderBytes, src, n);
     sge[0].length = static_cast<uint32_t>(kSlotHeaderBytes + n);
   }
-  if (!post_wr(kWrSlot, IBV_WR_RDMA_WRITE_WITH_IMM, slot_imm(tx_seq_), sge, nsge,
-               (tx_seq_ % s_.slots) * s_.slot_bytes)) {
+  // Slots go round robin over the QPs (each its own path through the network).
+  if (!post_write(static_cast<uint32_t>(tx_seq_ % nqps()), kWrSlot | tx_seq_ << 8,
+                  IBV_WR_RDMA_WRITE_WITH_IMM, slot_imm(tx_seq_), sge, nsge,
+                  s_.remote_ring + (tx_seq_ % s_.slots) * s_.slot_bytes, s_.remote_rkey)) {
     return false;
   }
   if (announce) {
@@ -493,31 +551,48 @@ bool VerbsConnection::take_reply(SendRequest* req) {
     send_phase_ = SendPhase::kZeroCopy;
     zc_addr_ = r.addr;
     zc_rkey_ = r.rkey;
+    zc_split_ = zero_copy_split(req->bytes, nqps());
+    zc_piece_ = 0;
   }
   return true;
 }
 
-// The next piece of the front send, written straight into the receiver's buffer; the last one
-// carries the immediate that completes the receive (RC places every earlier write first).
+// The next piece of the front send, written straight into the receiver's buffer: part q of the
+// message over QP q (zero_copy_split), in pieces of at most max_write taken round robin over the
+// parts; each part's last piece carries the immediate that the receiver counts (RC has placed
+// the part's earlier writes before it). The send completes when every write has: counting
+// writes in total is exact because the next zero-copy message's writes start only after the
+// receiver saw all of this one's.
 bool VerbsConnection::send_zero_copy(SendRequest* req) {
   if (zc_posted_ - zc_done_ >= kMaxZeroCopyWrites) return false;
   const ibv_mr* mr = mr_covering(req->key, req->buf, req->bytes, false);
-  const size_t n = std::min<size_t>(s_.max_write, req->bytes - send_offset_);
-  const bool last = send_offset_ + n == req->bytes;
-  ibv_sge sge{reinterpret_cast<uintptr_t>(static_cast<const uint8_t*>(req->buf) + send_offset_),
-              static_cast<uint32_t>(n), mr->lkey};
-  if (!post_write(kWrZeroCopy, last ? IBV_WR_RDMA_WRITE_WITH_IMM : IBV_WR_RDMA_WRITE,
-                  rdv_done_imm(announce_seq_), &sge, 1, zc_addr_ + send_offset_, zc_rkey_)) {
-    return false;
+  const uint64_t part = zc_split_.part, parts = zc_split_.parts;
+  const uint64_t per_part = (part + s_.max_write - 1) / s_.max_write;
+  for (;; ++zc_piece_) {
+    if (zc_piece_ >= per_part * parts) {  // every piece posted
+      s_.counters->zero_copy_sent(req->bytes);
+      finish_send(req);
+      return true;
+    }
+    const uint64_t q = zc_piece_ % parts;
+    const uint64_t start = q * part + zc_piece_ / parts * s_.max_write;
+    const uint64_t end = std::min<uint64_t>((q + 1) * part, req->bytes);
+    if (start >= end) continue;  // the last part is shorter
+    const uint64_t n = std::min<uint64_t>(s_.max_write, end - start);
+    const bool last = start + n == end;
+    ibv_sge sge{reinterpret_cast<uintptr_t>(static_cast<const uint8_t*>(req->buf) + start),
+                static_cast<uint32_t>(n), mr->lkey};
+    if (!post_write(static_cast<uint32_t>(q), kWrZeroCopy,
+                    last ? IBV_WR_RDMA_WRITE_WITH_IMM : IBV_WR_RDMA_WRITE,
+                    rdv_done_imm(announce_seq_), &sge, 1, zc_addr_ + start, zc_rkey_)) {
+      return false;
+    }
+    ++zc_posted_;
+    ++zc_piece_;
+    send_offset_ += n;
+    req->bytes_done.store(send_offset_, std::memory_order_relaxed);
+    return true;
   }
-  ++zc_posted_;
-  send_offset_ += n;
-  req->bytes_done.store(send_offset_, std::memory_order_relaxed);
-  if (last) {
-    s_.counters->zero_copy_sent(req->bytes);
-    finish_send(req);
-  }
-  return true;
 }
 
 // Every work request of the front send is posted: it completes once they have.
@@ -624,6 +699,7 @@ bool VerbsConnection::answer_announcement(RecvRequest* req, const SlotHeader& h)
     rx_zero_copy_ = true;
     rx_done_ = false;
     rx_announce_seq_ = h.seq;
+    rx_owed_ = (uint32_t{1} << zero_copy_split(h.total, nqps()).parts) - 1;
   }
   return true;
 }
@@ -706,7 +782,7 @@ void VerbsConnection::fail_all(Status status, bool tell_peer) {
   // The farewell goes out first; then the QP stops, and its flushed work requests tell that
   // the HCA no longer reads the caller's buffers (registered sends are read in place).
   if (farewell_sent_) drain(kFarewellDrainMs, [&] { return farewell_done_; });
-  qp_to_error(s_.qp.qp.get());
+  for (auto& qp : s_.qp.qps) qp_to_error(qp.get());
   drain(kFailDrainMs, [&] { return sq_outstanding_ == 0; });
   if (sq_outstanding_ != 0) {
     CHORUS_WARN(kNet, "verbs: rank {}: {} work request(s) on QP {:#x} to {} were not flushed "
@@ -744,10 +820,12 @@ Status VerbsConnection::corrupt(const RecvRequest* req, const std::string& what)
 
 Status VerbsConnection::wc_error(const ibv_wc& wc) const {
   const bool incoming = wc.wr_id == kWrRecv;
+  const uint32_t q = qp_index(wc.qp_num);
+  const uint32_t peer_qpn = q < nqps() ? s_.remote_qpns[q] : 0;
   return remote_error("verbs: a {} {} {} failed on {} QP {:#x} (peer QP {:#x}): {} (status {}, "
                       "vendor error {:#x}) {}",
-                      wr_name(wc.wr_id), incoming ? "from" : "to", s_.peer_label,
-                      s_.rings->device->name(), qpn(), s_.remote_qpn,
+                      wr_name(wc.wr_id & 0xff), incoming ? "from" : "to", s_.peer_label,
+                      s_.rings->device->name(), wc.qp_num, peer_qpn,
                       ibv_wc_status_str(wc.status), static_cast<int>(wc.status), wc.vendor_err,
                       situation());
 }

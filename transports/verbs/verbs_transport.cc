@@ -76,7 +76,7 @@ class VerbsInstance final : public TransportInstance {
   VerbsOptions options_;
   std::shared_ptr<Device> device_;
   std::shared_ptr<Rings> rings_;
-  std::vector<QpResources> qps_;  // [rank * channels + channel]; empty for our own rank
+  std::vector<QpResources> qps_;  // [rank * channels + channel]: its QPs; none for our own rank
   std::string blob_;
   std::shared_ptr<ByteCounters> counters_ = std::make_shared<ByteCounters>();
 };
@@ -122,30 +122,32 @@ Status VerbsInstance::init() {
   b.channels = static_cast<uint32_t>(ctx_.channels);
   b.slots = options_.slots;
   b.slot_bytes = options_.slot_bytes;
+  b.qps_per_connection = options_.qps_per_connection;
   b.ring_base = reinterpret_cast<uintptr_t>(rings_->rx);
   b.ring_rkey = rings_->rx_mr->rkey;
   std::memcpy(b.gid.data(), device_->gid().raw, 16);
-  b.qps.resize(entries);
+  const uint32_t n = options_.qps_per_connection;
+  b.qps.resize(entries * n);
   qps_.resize(entries);
   for (int r = 0; r < ctx_.nranks; ++r) {
     for (int c = 0; r != ctx_.rank && c < ctx_.channels; ++c) {
-      CHORUS_ASSIGN_OR_RETURN(QpResources q, create_qp(*device_, send_depth, recv_depth));
-      b.qps[index(r, c)] = QpEntry{q.qp->qp_num, q.psn};
+      CHORUS_ASSIGN_OR_RETURN(QpResources q, create_qps(*device_, n, send_depth, recv_depth));
+      for (uint32_t i = 0; i < n; ++i)
+        b.qps[index(r, c) * n + i] = QpEntry{q.qps[i]->qp_num, q.psns[i]};
       qps_[index(r, c)] = std::move(q);
     }
   }
   blob_ = encode_blob(b);
   CHORUS_INFO(kNet, "verbs: {} on {}: {} QPs, rings of {} x {} bytes ({} MiB registered)",
-              ctx_.comm_label, device_->describe(), (ctx_.nranks - 1) * ctx_.channels,
+              ctx_.comm_label, device_->describe(), (ctx_.nranks - 1) * ctx_.channels * n,
               options_.slots, options_.slot_bytes, 2 * rings_->bytes >> 20);
   return ok_status();
 }
 
 void VerbsInstance::release_unused() {
   for (QpResources& q : qps_) {
-    if (!q.qp) continue;
-    qp_to_error(q.qp.get());
-    q.qp.reset();  // before its CQ; its flushed receives go with the CQ
+    for (auto& qp : q.qps) qp_to_error(qp.get());
+    q.qps.clear();  // before their CQ; their flushed receives go with the CQ
   }
   qps_.clear();
 }
@@ -169,7 +171,7 @@ Result<ConnectionTable> VerbsInstance::connect(const std::vector<EndpointInfo>& 
       return remote_error("verbs: {} published no verbs blob", info.describe());
     BlobExpect expect{static_cast<uint32_t>(r), static_cast<uint32_t>(ctx_.nranks),
                       static_cast<uint32_t>(ctx_.channels), options_.slots, options_.slot_bytes,
-                      static_cast<uint32_t>(ctx_.rank)};
+                      static_cast<uint32_t>(ctx_.rank), options_.qps_per_connection};
     CHORUS_ASSIGN_OR_RETURN(BlobInfo b, parse_blob(info.blob, expect, info.describe()));
     if (b.link_layer != device_->port_attr().link_layer) {
       return remote_error("verbs: {} is on {} and rank {} on {}: no RDMA path between them",
@@ -178,10 +180,15 @@ Result<ConnectionTable> VerbsInstance::connect(const std::vector<EndpointInfo>& 
     }
     for (int c = 0; c < ctx_.channels; ++c) {
       QpResources& q = qps_[index(r, c)];
-      if (!q.qp) return invalid_argument("verbs: rank {} connected twice to rank {}", ctx_.rank, r);
-      const QpEntry& theirs = b.qps[index(ctx_.rank, c)];
-      CHORUS_RETURN_IF_ERROR(
-          connect_qp(*device_, q.qp.get(), q.psn, b, theirs.qpn, theirs.psn, settings));
+      if (q.qps.empty())
+        return invalid_argument("verbs: rank {} connected twice to rank {}", ctx_.rank, r);
+      std::vector<uint32_t> remote_qpns;
+      for (size_t k = 0; k < q.qps.size(); ++k) {
+        const QpEntry& theirs = b.qps[index(ctx_.rank, c) * q.qps.size() + k];
+        CHORUS_RETURN_IF_ERROR(
+            connect_qp(*device_, q.qps[k].get(), q.psns[k], b, theirs.qpn, theirs.psn, settings));
+        remote_qpns.push_back(theirs.qpn);
+      }
       ConnectionSetup s;
       s.rings = rings_;
       s.qp = std::move(q);
@@ -196,7 +203,7 @@ Result<ConnectionTable> VerbsInstance::connect(const std::vector<EndpointInfo>& 
       s.tx_ring = static_cast<uint8_t*>(rings_->tx) + index(r, c) * stride();
       s.remote_ring = b.ring_base + index(ctx_.rank, c) * stride();
       s.remote_rkey = b.ring_rkey;
-      s.remote_qpn = theirs.qpn;
+      s.remote_qpns = std::move(remote_qpns);
       s.rdv_bytes = options_.rdv_bytes;
       s.max_write = static_cast<uint32_t>(
           std::min<uint64_t>(uint64_t{1} << 20, device_->port_attr().max_msg_sz));
@@ -264,6 +271,7 @@ VerbsOptions options_from_params() {
   o.slots = static_cast<uint32_t>(params::kIbSlots.get());
   o.slot_bytes = static_cast<uint32_t>(params::kIbSlotBytes.get());
   o.rdv_bytes = static_cast<uint64_t>(params::kIbRdvBytes.get());
+  o.qps_per_connection = static_cast<uint32_t>(params::kIbQpsPerConnection.get());
   return o;
 }
 
@@ -282,16 +290,22 @@ Result<std::unique_ptr<TransportInstance>> open_instance(const TransportContext&
                             options.slots, options.slot_bytes, kMinSlots, kMaxSlots,
                             kMinSlotBytes, kMaxSlotBytes);
   }
+  if (options.qps_per_connection < 1 || options.qps_per_connection > kMaxQpsPerConnection) {
+    return invalid_argument("verbs: {} QPs per connection (NCCL_IB_QPS_PER_CONNECTION: 1..{})",
+                            options.qps_per_connection, kMaxQpsPerConnection);
+  }
   if (ctx.channels < 1 || ctx.channels > kMaxChannels) {
     return invalid_argument("verbs: {} channels (must be 1..{})", ctx.channels, kMaxChannels);
   }
   if (ctx.rank < 0 || ctx.rank >= ctx.nranks) {
     return invalid_argument("verbs: rank {} of {}", ctx.rank, ctx.nranks);
   }
-  if (static_cast<size_t>(ctx.nranks) * static_cast<size_t>(ctx.channels) > kMaxEntries) {
-    return invalid_argument("verbs: {} ranks x {} channels need more QPs than a blob can name "
-                            "({} at most)",
-                            ctx.nranks, ctx.channels, kMaxEntries);
+  if (static_cast<size_t>(ctx.nranks) * static_cast<size_t>(ctx.channels) *
+          options.qps_per_connection >
+      kMaxEntries) {
+    return invalid_argument("verbs: {} ranks x {} channels x {} QPs per connection need more QPs "
+                            "than a blob can name ({} at most)",
+                            ctx.nranks, ctx.channels, options.qps_per_connection, kMaxEntries);
   }
   CHORUS_ASSIGN_OR_RETURN(HcaFilter filter, parse_hca_filter(params::kIbHca.get()));
   CHORUS_ASSIGN_OR_RETURN(std::shared_ptr<Device> device,

@@ -14,12 +14,14 @@
 
 namespace chorus::verbs {
 
-// Ring geometry and the rendezvous threshold; the registered transport reads CHORUS_IB_SLOTS,
-// CHORUS_IB_SLOT_BYTES and CHORUS_IB_RDV_BYTES.
+// Ring geometry, the rendezvous threshold and the QPs per connection; the registered transport
+// reads CHORUS_IB_SLOTS, CHORUS_IB_SLOT_BYTES, CHORUS_IB_RDV_BYTES and
+// NCCL_IB_QPS_PER_CONNECTION.
 struct VerbsOptions {
   uint32_t slots = 16;
   uint32_t slot_bytes = 64 << 10;
   uint64_t rdv_bytes = 64 << 10;  // 0: never
+  uint32_t qps_per_connection = 1;  // 1..kMaxQpsPerConnection; equal on every rank
 };
 VerbsOptions options_from_params();
 

@@ -21,17 +21,19 @@ namespace chorus::verbs {
 //
 // Little-endian, kBlobHeaderBytes of header then one kBlobEntryBytes entry per (rank, channel):
 //   0 u32 magic 'CHIB' | 4 u16 version | 6 u8 link layer (1 IB, 2 Ethernet) | 7 u8 active MTU
-//   (enum ibv_mtu, 1..5) | 8 u16 LID | 10 u8 port | 11 u8 0 | 12 u32 rank | 16 u32 nranks |
-//   20 u32 channels | 24 u32 slots | 28 u32 slot bytes | 32 u64 ring base address |
-//   40 u32 ring rkey | 44 u32 entries (= nranks x channels) | 48 gid[16]
-//   entry [r * channels + c]: u32 QP number | u32 initial PSN of this rank's QP for (r, c);
-//   zero for its own rank.
+//   (enum ibv_mtu, 1..5) | 8 u16 LID | 10 u8 port | 11 u8 QPs per connection (1..16) |
+//   12 u32 rank | 16 u32 nranks | 20 u32 channels | 24 u32 slots | 28 u32 slot bytes |
+//   32 u64 ring base address | 40 u32 ring rkey | 44 u32 entries (= nranks x channels x QPs per
+//   connection) | 48 gid[16]
+//   entry [(r * channels + c) * qps + q]: u32 QP number | u32 initial PSN of this rank's QP q
+//   for (r, c); zero for its own rank.
 inline constexpr uint32_t kBlobMagic = 0x43484942;  // "CHIB"
-inline constexpr uint16_t kBlobVersion = 2;  // 2: rendezvous (announce, reply)
+inline constexpr uint16_t kBlobVersion = 3;  // 2: rendezvous; 3: QPs per connection
 inline constexpr size_t kBlobHeaderBytes = 64;
 inline constexpr size_t kBlobEntryBytes = 8;
 inline constexpr size_t kMaxBlobBytes = 4096;  // = kMaxTransportBlob
 inline constexpr size_t kMaxEntries = (kMaxBlobBytes - kBlobHeaderBytes) / kBlobEntryBytes;
+inline constexpr uint32_t kMaxQpsPerConnection = 16;
 
 // Ring geometry limits (every rank must use the same slots and slot bytes).
 inline constexpr uint32_t kMinSlots = 4;
@@ -39,14 +41,16 @@ inline constexpr uint32_t kMaxSlots = 256;
 inline constexpr uint32_t kMinSlotBytes = 4096;
 inline constexpr uint32_t kMaxSlotBytes = 8u << 20;  // rxe's max_msg_sz; the port's is checked too
 inline constexpr size_t kSlotHeaderBytes = 64;
-// After a connection's slots: 64 bytes of hello, the farewell (header + text), then the
-// rendezvous reply.
+// After a connection's slots: the farewell (header + text), the rendezvous reply, then one
+// 32-byte hello per QP of the connection.
 inline constexpr size_t kAuxBytes = 4096;
-inline constexpr size_t kHelloOffset = 0;
 inline constexpr size_t kFarewellOffset = 64;
 inline constexpr size_t kRdvReplyOffset = 2176;
+inline constexpr size_t kHelloOffset = 2304;
+inline constexpr size_t kHelloBytes = 32;
 static_assert(kFarewellOffset + 16 + kMaxFarewellBytes <= kRdvReplyOffset);
-static_assert(kRdvReplyOffset + 64 <= kAuxBytes);
+static_assert(kRdvReplyOffset + 64 <= kHelloOffset);
+static_assert(kHelloOffset + kMaxQpsPerConnection * kHelloBytes <= kAuxBytes);
 
 // Bytes of one connection's ring (its slots, then the aux area).
 inline uint64_t ring_stride(uint32_t slots, uint32_t slot_bytes) {
@@ -68,10 +72,11 @@ struct BlobInfo {
   uint32_t channels = 0;
   uint32_t slots = 0;
   uint32_t slot_bytes = 0;
+  uint32_t qps_per_connection = 1;
   uint64_t ring_base = 0;
   uint32_t ring_rkey = 0;
   std::array<uint8_t, 16> gid{};
-  std::vector<QpEntry> qps;  // [rank * channels + channel]
+  std::vector<QpEntry> qps;  // [(rank * channels + channel) * qps_per_connection + q]
 };
 
 std::string encode_blob(const BlobInfo& info);
@@ -83,7 +88,8 @@ struct BlobExpect {
   uint32_t channels = 0;
   uint32_t slots = 0;
   uint32_t slot_bytes = 0;
-  uint32_t my_rank = 0;  // the entry for us must name a QP
+  uint32_t my_rank = 0;  // the entries for us must name QPs
+  uint32_t qps_per_connection = 1;
 };
 
 // Parses `bytes` defensively: bounded by its length, versioned, every field checked against
@@ -171,6 +177,18 @@ inline constexpr uint32_t kRdvRing = 2;
 // fine, else what is wrong.
 std::string check_reply(const RdvReply& r, uint64_t seq, uint64_t bytes);
 
+// How a zero-copy message of `bytes` (> 0) is split over the `qps` QPs of a connection: into
+// parts of `part` bytes (a multiple of 4096; the last may be shorter), part i on QP i, each
+// ending with a WRITE_WITH_IMM; `parts` of them (at most qps), so the receiver expects that
+// many ends. Both sides compute it from the announced size.
+struct ZeroCopySplit {
+  uint64_t part = 0;
+  uint32_t parts = 0;
+};
+ZeroCopySplit zero_copy_split(uint64_t bytes, uint32_t qps);
+
+// One per QP of a connection, written over that QP into the peer's aux area at kHelloOffset +
+// q x kHelloBytes.
 struct Hello {
   uint32_t magic;  // kHelloMagic
   uint32_t from;
@@ -178,8 +196,9 @@ struct Hello {
   uint32_t channel;
   uint64_t comm_uid;
   uint32_t qpn;  // the sender's QP
-  uint32_t reserved;
+  uint32_t index;  // q: which QP of the connection
 };
+static_assert(sizeof(Hello) == kHelloBytes);
 inline constexpr uint32_t kHelloMagic = 0x43484948;  // "CHIH"
 
 struct FarewellHeader {
