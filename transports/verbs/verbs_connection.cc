@@ -450,6 +450,9 @@ static const ibv_mr* mr_covering(const RegistrationKey* key, const void* buf, si
 bool VerbsConnection::progress_sends() {
   bool moved = false;
   while (!sends_.empty() && !broken_) {
+    // Completed sends wait in written_ behind one whose writes are still in flight (over
+    // another QP, or zero copy): a new message starts only while it has room.
+    if (send_phase_ == SendPhase::kFresh && written_count_ == written_.size()) break;
     SendRequest* req = sends_.front();
     bool went = false;
     switch (send_phase_) {
