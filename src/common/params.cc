@@ -93,6 +93,14 @@ IntParam kIbSlots("IB_SLOTS", nullptr, 16, 4, 256,
 IntParam kIbSlotBytes("IB_SLOT_BYTES", nullptr, 64 << 10, 4 << 10, 8 << 20,
                       "bytes of each verbs ring slot (64 of header, then payload; a multiple of "
                       "64); equal on every rank");
+IntParam kIbQpsPerConnection("IB_QPS_PER_CONNECTION", "IB_QPS_PER_CONNECTION", 1, 1, 16,
+                             "verbs QPs per connection (peer and channel): slots and zero-copy "
+                             "writes go round robin over them (on RoCE v2 each has its own UDP "
+                             "source port: its own ECMP path); equal on every rank");
+IntParam kIbRdvBytes("IB_RDV_BYTES", nullptr, 64 << 10, 0, INT64_MAX,
+                     "verbs messages of at least this many bytes from registered memory go by "
+                     "rendezvous: written straight into the receiver's buffer when it is "
+                     "registered too (zero copy), else through its ring; 0 = never");
 
 IntParam kTimeoutMs("TIMEOUT_MS", nullptr, 300000, 1, INT64_MAX,
                     "a collective that makes no progress for this long fails naming the peer");
@@ -129,7 +137,7 @@ const std::vector<Param*>& all() {
       &kDebug,        &kDebugSubsys,   &kDebugFile,    &kSocketIfname, &kSocketFamily,
       &kBootstrapTimeoutMs, &kConnectTimeoutMs, &kHostId, &kTransport, &kNumChannels,
       &kPathChunkBytes, &kShmFifoBytes, &kShmCmaBytes,   &kShmMapBytes,   &kStreamCopyBytes, &kTcpBounceBytes,
-      &kIbHca, &kIbGidIndex, &kIbTimeout, &kIbRetryCnt, &kIbTc, &kIbSl, &kIbSlots, &kIbSlotBytes, &kTimeoutMs,   &kSpinUs,       &kLivenessMs,
+      &kIbHca, &kIbGidIndex, &kIbTimeout, &kIbRetryCnt, &kIbTc, &kIbSl, &kIbSlots, &kIbSlotBytes, &kIbRdvBytes, &kIbQpsPerConnection, &kTimeoutMs,   &kSpinUs,       &kLivenessMs,
       &kFlightRecorderOps, &kCommBlocking,
       &kAlgo,         &kChunkBytes,    &kTuner,        &kTunerFile,   &kKernels,
       &kRegCacheBytes,

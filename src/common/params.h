@@ -123,6 +123,8 @@ extern IntParam kIbTc;
 extern IntParam kIbSl;
 extern IntParam kIbSlots;
 extern IntParam kIbSlotBytes;
+extern IntParam kIbRdvBytes;
+extern IntParam kIbQpsPerConnection;
 // Progress and waiting.
 extern IntParam kTimeoutMs;
 extern IntParam kSpinUs;

@@ -3,8 +3,8 @@
 // The verbs transport's published blob (transports/verbs/verbs_wire.h, parse_blob): what a rank
 // reads from each peer before it connects QPs and writes into the peer's memory. Input: one byte
 // (the reader's rank, modulo the blob's nranks), then the blob; the expectations (rank, nranks,
-// channels, slots, slot bytes) are taken from the blob's own header, so that the fuzzer gets past
-// them. What parses must encode back to exactly the input.
+// channels, slots, slot bytes, QPs per connection) are taken from the blob's own header, so that
+// the fuzzer gets past them. What parses must encode back to exactly the input.
 #include <cstring>
 #include <string>
 
@@ -31,17 +31,20 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     e.slots = chorus::le::get_u32(p + 24);
     e.slot_bytes = chorus::le::get_u32(p + 28);
     e.my_rank = e.nranks > 0 ? data[0] % e.nranks : 0;
+    e.qps_per_connection = p[11];
   }
   auto parsed = parse_blob(blob, e, "rank ?");
   if (!parsed.ok()) {
     FUZZ_CHECK(!parsed.status().message().empty());
     return 0;
   }
-  FUZZ_CHECK(parsed->qps.size() == size_t{parsed->nranks} * parsed->channels);
+  const size_t per_rank = size_t{parsed->channels} * parsed->qps_per_connection;
+  FUZZ_CHECK(parsed->qps_per_connection >= 1 && parsed->qps_per_connection <= kMaxQpsPerConnection);
+  FUZZ_CHECK(parsed->qps.size() == size_t{parsed->nranks} * per_rank);
   FUZZ_CHECK(parsed->qps.size() <= kMaxEntries);
   FUZZ_CHECK(parsed->slots >= kMinSlots && parsed->slots <= kMaxSlots);
   FUZZ_CHECK(e.my_rank != parsed->rank);  // our entries name QPs, the publisher's do not
-  FUZZ_CHECK(parsed->qps[size_t{e.my_rank} * parsed->channels].qpn != 0);
+  for (size_t i = 0; i < per_rank; ++i) FUZZ_CHECK(parsed->qps[e.my_rank * per_rank + i].qpn != 0);
   FUZZ_CHECK(encode_blob(parsed.value()) == blob);
   return 0;
 }

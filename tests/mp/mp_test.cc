@@ -180,3 +180,38 @@ TEST_CASE("multi-process matrix over verbs with registered buffers and chunks ov
                          "CHORUS_PATH_CHUNK_BYTES=65536"});
   run_workers(2, "VERBS", "matrix", env, "40009");
 }
+
+// Rendezvous (transports/verbs/README.md): messages of at least CHORUS_IB_RDV_BYTES from
+// registered memory are written straight into a registered receive buffer. The worker checks
+// the verbs byte counters: registered buffers on every rank move no payload byte through the
+// rings, unregistered ones move all of it through them (so the check can fail).
+TEST_CASE("verbs rendezvous: registered buffers move no byte through the rings",
+          "[rdma][verbs][reg][rdv]") {
+  std::vector<std::string> env = kVerbs;
+  env.insert(env.end(), {"CHORUS_TEST_REGISTERED=1", "NCCL_IB_QPS_PER_CONNECTION=4"});
+  run_workers(3, "VERBS", "zero-copy", env, "262144");
+}
+TEST_CASE("verbs rendezvous: unregistered buffers move every byte through the rings",
+          "[rdma][verbs][rdv]") {
+  run_workers(3, "VERBS", "zero-copy", kVerbs, "262144");
+}
+// The matrix with every message from 4 KiB on announced: zero copy between registered buffers,
+// through the ring into reducing receives and scratch buffers; chunks over 2 paths, each
+// connection over 4 QPs (NCCL_IB_QPS_PER_CONNECTION: slots and zero-copy parts round robin).
+TEST_CASE("multi-process matrix over verbs with registered buffers and 4 QPs per connection and rendezvous from 4 KiB",
+          "[rdma][verbs][reg][rdv]") {
+  std::vector<std::string> env = kVerbs;
+  env.insert(env.end(), {"CHORUS_TEST_REGISTERED=1", "CHORUS_IB_RDV_BYTES=4096",
+                         "CHORUS_IB_QPS_PER_CONNECTION=4",
+                         "CHORUS_NCHANNELS=2", "CHORUS_PATH_CHUNK_BYTES=65536",
+                         "CHORUS_TEST_DATATYPES=int8,half,float,double"});
+  run_workers(3, "VERBS", "matrix", env, "40009");
+}
+// Unregistered buffers over 4 QPs per connection: every message through the rings, its slots
+// round robin over the QPs (landing out of order).
+TEST_CASE("multi-process matrix over verbs with 4 QPs per connection", "[rdma][verbs]") {
+  std::vector<std::string> env = kVerbs;
+  env.insert(env.end(), {"NCCL_IB_QPS_PER_CONNECTION=4",
+                         "CHORUS_TEST_DATATYPES=int8,half,float,double"});
+  run_workers(3, "VERBS", "matrix", env, "8191");
+}

@@ -7,6 +7,11 @@
 //                                         between them), float datatype and operator on random
 //                                         data: every rank's output bit-identical to every
 //                                         other's, and right against fp64 (identical_check.h).
+//   chorus_mp_worker zero-copy [count]    Send/Recv, AllGather and AlltoAll of `count` floats
+//                                         per rank over verbs, checked; then the verbs byte
+//                                         counters: with CHORUS_TEST_REGISTERED=1 no payload
+//                                         byte may have gone through a ring (all by zero copy),
+//                                         without it none by zero copy.
 #include <chorus/launch.h>
 #include <fmt/format.h>
 
@@ -17,6 +22,9 @@
 #include "common/params.h"
 #include "support/coll_check.h"
 #include "support/identical_check.h"
+#if CHORUS_MP_VERBS
+#include "transports/verbs/verbs_stats.h"
+#endif
 
 using namespace chorus::test;
 
@@ -34,7 +42,7 @@ int run_matrix(ncclComm_t comm, int rank, int nranks, size_t max_count, bool str
     for (ncclDataType_t dtype : all_datatypes()) {
       for (int op = 0; op < (coll_reduces(coll) ? kNumTestOps : 1); ++op) {
         for (size_t count : counts) {
-          for (int in_place = 0; in_place < (coll == Coll::kSendRecv ? 1 : 2); ++in_place) {
+          for (int in_place = 0; in_place < (coll == Coll::kAllGather ? 2 : 1); ++in_place) {
             Case c;
             c.coll = coll;
             c.dtype = dtype;
@@ -80,11 +88,60 @@ int run_identical(ncclComm_t comm, int rank, int nranks) {
   return failures == 0 ? 0 : 1;
 }
 
+#if CHORUS_MP_VERBS
+// Every message here is at least CHORUS_IB_RDV_BYTES: between registered buffers each goes
+// zero copy, else through the rings. What this rank receives at the least: one message of the
+// Send/Recv ring, and nranks - 1 blocks per AllGather (in place and not) and AlltoAll (not in
+// place: in place, it sends from a copy of its input in scratch memory, which is unregistered).
+int run_zero_copy(ncclComm_t comm, int rank, int nranks, size_t count) {
+  using chorus::verbs::ByteCounts;
+  const bool registered = std::getenv("CHORUS_TEST_REGISTERED") != nullptr &&
+                          std::strcmp(std::getenv("CHORUS_TEST_REGISTERED"), "1") == 0;
+  const ByteCounts before = chorus::verbs::process_byte_counts();
+  int failures = 0;
+  for (Coll coll : {Coll::kSendRecv, Coll::kAllGather, Coll::kAlltoAll}) {
+    for (int in_place = 0; in_place < (coll == Coll::kAllGather ? 2 : 1); ++in_place) {
+      Case c;
+      c.coll = coll;
+      c.dtype = ncclFloat;
+      c.count = count;
+      c.in_place = in_place != 0;
+      std::string error = run_case(comm, c);
+      if (!error.empty()) {
+        ++failures;
+        fmt::print(stderr, "rank {}: {}: {}\n", rank, c.describe(), error);
+        if (error.find("returned") != std::string::npos) return 1;
+      }
+    }
+  }
+  const ByteCounts after = chorus::verbs::process_byte_counts();
+  const uint64_t ring_sent = after.ring_sent - before.ring_sent;
+  const uint64_t ring_received = after.ring_received - before.ring_received;
+  const uint64_t zc_sent = after.zero_copy_sent - before.zero_copy_sent;
+  const uint64_t zc_received = after.zero_copy_received - before.zero_copy_received;
+  const uint64_t least = count * sizeof(float) * (1 + 3 * static_cast<uint64_t>(nranks - 1));
+  fmt::print("rank {}: verbs payload bytes ({} buffers): through rings {} sent, {} received; "
+             "zero copy {} sent, {} received (at least {} expected one way)\n",
+             rank, registered ? "registered" : "unregistered", ring_sent, ring_received, zc_sent,
+             zc_received, least);
+  const uint64_t way = registered ? zc_received : ring_received;
+  const uint64_t other = registered ? ring_sent + ring_received : zc_sent + zc_received;
+  if (way < least || other != 0) {
+    fmt::print(stderr, "rank {}: expected at least {} bytes {} and none the other way\n", rank,
+               least, registered ? "zero copy" : "through the rings");
+    ++failures;
+  }
+  return failures == 0 ? 0 : 1;
+}
+#endif
+
 }  // namespace
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    fmt::print(stderr, "usage: {} matrix|stream-matrix [max_count] | identical\n", argv[0]);
+    fmt::print(stderr,
+               "usage: {} matrix|stream-matrix [max_count] | identical | zero-copy [count]\n",
+               argv[0]);
     return 2;
   }
   ncclUniqueId id;
@@ -103,6 +160,11 @@ int main(int argc, char** argv) {
   if (std::strcmp(argv[1], "matrix") == 0) rc = run_matrix(comm, rank, nranks, max_count, false);
   if (std::strcmp(argv[1], "stream-matrix") == 0) rc = run_matrix(comm, rank, nranks, max_count, true);
   if (std::strcmp(argv[1], "identical") == 0) rc = run_identical(comm, rank, nranks);
+#if CHORUS_MP_VERBS
+  if (std::strcmp(argv[1], "zero-copy") == 0) {
+    rc = run_zero_copy(comm, rank, nranks, argc > 2 ? max_count : 262144);
+  }
+#endif
   if (ncclCommDestroy(comm) != ncclSuccess) {
     fmt::print(stderr, "rank {}: ncclCommDestroy: {}\n", rank, ncclGetLastError(nullptr));
     return 1;

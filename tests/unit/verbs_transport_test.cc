@@ -27,6 +27,7 @@
 #include "net/auth.h"
 #include "support/scoped_env.h"
 #include "transports/registry.h"
+#include "transports/registration_key.h"
 #include "transports/verbs/verbs_connection.h"
 #include "transports/verbs/verbs_side.h"
 #include "transports/verbs/verbs_transport.h"
@@ -35,7 +36,8 @@
 namespace chorus::verbs {
 namespace {
 
-BlobInfo sample_blob(uint32_t rank = 1, uint32_t nranks = 3, uint32_t channels = 2) {
+BlobInfo sample_blob(uint32_t rank = 1, uint32_t nranks = 3, uint32_t channels = 2,
+                     uint32_t qps = 1) {
   BlobInfo b;
   b.link_layer = 2;
   b.mtu = 3;
@@ -50,16 +52,18 @@ BlobInfo sample_blob(uint32_t rank = 1, uint32_t nranks = 3, uint32_t channels =
   b.ring_rkey = 0x1234;
   for (int i = 0; i < 16; ++i) b.gid[static_cast<size_t>(i)] = static_cast<uint8_t>(i == 10 || i == 11 ? 0xff : 0);
   b.gid[15] = 7;
-  b.qps.resize(nranks * channels);
-  for (uint32_t i = 0; i < nranks * channels; ++i) {
-    if (i / channels == rank) continue;
+  b.qps_per_connection = qps;
+  b.qps.resize(nranks * channels * qps);
+  for (uint32_t i = 0; i < nranks * channels * qps; ++i) {
+    if (i / qps / channels == rank) continue;
     b.qps[i] = QpEntry{0x100 + i, 0xabc00 + i};
   }
   return b;
 }
 
 BlobExpect expect_for(const BlobInfo& b, uint32_t my_rank = 0) {
-  return BlobExpect{b.rank, b.nranks, b.channels, b.slots, b.slot_bytes, my_rank};
+  return BlobExpect{b.rank, b.nranks, b.channels, b.slots, b.slot_bytes, my_rank,
+                    b.qps_per_connection};
 }
 
 Status parse(const std::string& bytes, const BlobExpect& e) {
@@ -86,6 +90,59 @@ TEST_CASE("verbs blob: what is encoded parses back", "[unit][verbs]") {
   CHECK(r->qps[2].qpn == 0);  // rank 1's own entries
 }
 
+TEST_CASE("verbs blob: several QPs per connection", "[unit][verbs]") {
+  BlobInfo b = sample_blob(1, 3, 2, 4);
+  std::string bytes = encode_blob(b);
+  CHECK(bytes.size() == kBlobHeaderBytes + 24 * kBlobEntryBytes);
+  auto r = parse_blob(bytes, expect_for(b), "rank 1");
+  REQUIRE(r.ok());
+  CHECK(r->qps_per_connection == 4);
+  REQUIRE(r->qps.size() == 24);
+  CHECK(r->qps[7].qpn == 0x107);  // rank 0, channel 1, QP 3
+  CHECK(r->qps[8].qpn == 0);      // rank 1's own
+  CHECK(r->qps[16].qpn == 0x110);
+  // Both sides must agree on the count.
+  BlobExpect one = expect_for(b);
+  one.qps_per_connection = 1;
+  CHECK_THAT(parse(bytes, one).message(), Catch::Contains("uses 4 QPs per connection, this rank 1"));
+  // Every QP of ours must be named; the entry count follows the QP count.
+  BlobInfo m = b;
+  m.qps[6].qpn = 0;  // rank 0, channel 1, QP 2
+  CHECK_THAT(parse(encode_blob(m), expect_for(b)).message(),
+             Catch::Contains("no QP for rank 0 channel 1"));
+  m = b;
+  m.qps.pop_back();
+  CHECK_THAT(parse(encode_blob(m), expect_for(b)).message(), Catch::Contains("x 4 QPs"));
+  // 3 ranks x 10 channels x 16 QPs fit a blob; 3 x 11 x 16 (528 entries) do not.
+  BlobInfo most = sample_blob(1, 3, 10, 16);
+  CHECK(parse_blob(encode_blob(most), expect_for(most), "rank 1").ok());
+  BlobInfo over = sample_blob(1, 3, 11, 16);
+  CHECK(parse(encode_blob(over), expect_for(over)).code() == Code::kRemoteError);
+}
+
+TEST_CASE("verbs: zero-copy messages split over the QPs of a connection", "[unit][verbs]") {
+  CHECK(zero_copy_split(1, 1).parts == 1);
+  CHECK(zero_copy_split(1, 4).parts == 1);
+  CHECK(zero_copy_split(4096, 4).parts == 1);
+  CHECK(zero_copy_split(4097, 4).parts == 2);
+  CHECK(zero_copy_split(1 << 20, 4).part == 256 << 10);
+  CHECK(zero_copy_split(1 << 20, 4).parts == 4);
+  CHECK(zero_copy_split((1 << 20) + 1, 4).parts == 4);
+  CHECK(zero_copy_split(0, 4).parts == 0);
+  for (uint64_t bytes : {uint64_t{1}, uint64_t{4095}, uint64_t{65537}, uint64_t{3} << 20,
+                         uint64_t{1234567}, uint64_t{1} << 33}) {
+    for (uint32_t qps = 1; qps <= kMaxQpsPerConnection; ++qps) {
+      const ZeroCopySplit z = zero_copy_split(bytes, qps);
+      INFO(bytes << " bytes over " << qps << " QPs");
+      CHECK(z.part % 4096 == 0);
+      CHECK(z.parts >= 1);
+      CHECK(z.parts <= qps);
+      CHECK(z.part * z.parts >= bytes);        // the parts cover the message
+      CHECK(z.part * (z.parts - 1) < bytes);   // and none is empty
+    }
+  }
+}
+
 TEST_CASE("verbs blob: malformed blobs are rejected, naming the field", "[unit][verbs]") {
   const BlobInfo good = sample_blob();
   const std::string bytes = encode_blob(good);
@@ -109,8 +166,11 @@ TEST_CASE("verbs blob: malformed blobs are rejected, naming the field", "[unit][
     return parse(m, e);
   };
   CHECK_THAT(bad_byte(0, 0x41).message(), Catch::Contains("magic"));
-  CHECK_THAT(bad_byte(4, 2).message(), Catch::Contains("version 2"));
-  CHECK_THAT(bad_byte(11, 1).message(), Catch::Contains("reserved"));
+  CHECK_THAT(bad_byte(4, 4).message(), Catch::Contains("version 4"));
+  CHECK_THAT(bad_byte(11, 0).message(), Catch::Contains("0 QPs per connection"));
+  CHECK_THAT(bad_byte(11, 17).message(), Catch::Contains("17 QPs per connection"));
+  CHECK_THAT(bad_byte(11, 2).message(), Catch::Contains("uses 2 QPs per connection, this rank 1") &&
+                                            Catch::Contains("NCCL_IB_QPS_PER_CONNECTION"));
   CHECK_THAT(with([](BlobInfo& b) { b.link_layer = 3; }).message(), Catch::Contains("link layer 3"));
   CHECK_THAT(with([](BlobInfo& b) { b.mtu = 0; }).message(), Catch::Contains("MTU"));
   CHECK_THAT(with([](BlobInfo& b) { b.mtu = 6; }).message(), Catch::Contains("MTU"));
@@ -251,26 +311,115 @@ TEST_CASE("verbs: slot headers are checked against what is due", "[unit][verbs]"
   h.total = 3 * room;
   h.offset = room;
   h.seq = 9;
-  CHECK(check_slot(h, 9, room, 3 * room, slot).empty());
-  CHECK_THAT(check_slot(h, 8, room, 3 * room, slot), Catch::Contains("slot 9 where slot 8"));
-  CHECK_THAT(check_slot(h, 9, 0, 0, slot), Catch::Contains("offset"));
-  CHECK_THAT(check_slot(h, 9, room, 4 * room, slot), Catch::Contains("middle"));
+  CHECK(check_slot(h, 9, true, room, 3 * room, slot).empty());
+  CHECK_THAT(check_slot(h, 8, true, room, 3 * room, slot), Catch::Contains("slot 9 where slot 8"));
+  CHECK_THAT(check_slot(h, 9, false, 0, 0, slot), Catch::Contains("offset"));
+  CHECK_THAT(check_slot(h, 9, true, room, 4 * room, slot), Catch::Contains("middle"));
   SlotHeader m = h;
   m.magic = 1;
-  CHECK_THAT(check_slot(m, 9, room, 3 * room, slot), Catch::Contains("magic"));
+  CHECK_THAT(check_slot(m, 9, true, room, 3 * room, slot), Catch::Contains("magic"));
   m = h;
   m.payload = static_cast<uint32_t>(room + 1);
-  CHECK_THAT(check_slot(m, 9, room, 3 * room, slot), Catch::Contains("payload"));
+  CHECK_THAT(check_slot(m, 9, true, room, 3 * room, slot), Catch::Contains("payload"));
   m = h;
   m.payload = 10;  // short, but not the last
-  CHECK_THAT(check_slot(m, 9, room, 3 * room, slot), Catch::Contains("partial"));
+  CHECK_THAT(check_slot(m, 9, true, room, 3 * room, slot), Catch::Contains("partial"));
+  m = h;
+  m.flags = 4;
+  CHECK_THAT(check_slot(m, 9, true, room, 3 * room, slot), Catch::Contains("flags 0x4"));
+  m = h;
+  m.reserved = 1;
+  CHECK_THAT(check_slot(m, 9, true, room, 3 * room, slot), Catch::Contains("reserved"));
   m = h;
   m.offset = 0;
   m.total = 5;
   m.payload = 10;  // past the message's end
-  CHECK_FALSE(check_slot(m, 9, 0, 0, slot).empty());
+  CHECK_FALSE(check_slot(m, 9, false, 0, 0, slot).empty());
   m.payload = 5;
-  CHECK(check_slot(m, 9, 0, 0, slot).empty());
+  CHECK(check_slot(m, 9, false, 0, 0, slot).empty());
+  // The first slot after an announcement: offset 0 of the message announced, same size.
+  m = h;
+  m.offset = 0;
+  CHECK(check_slot(m, 9, true, 0, 3 * room, slot).empty());
+  CHECK_THAT(check_slot(m, 9, true, 0, 2 * room, slot), Catch::Contains("middle"));
+}
+
+TEST_CASE("verbs: rendezvous announcements, replies and immediates", "[unit][verbs]") {
+  const size_t slot = 4096;
+  SlotHeader a{};
+  a.magic = kSlotMagic;
+  a.flags = kSlotAnnounce;
+  a.total = 1 << 20;
+  a.seq = 3;
+  CHECK(check_slot(a, 3, false, 0, 0, slot).empty());
+  CHECK_THAT(check_slot(a, 3, true, 0, 1 << 20, slot), Catch::Contains("middle of a message"));
+  SlotHeader m = a;
+  m.payload = 8;
+  CHECK_THAT(check_slot(m, 3, false, 0, 0, slot), Catch::Contains("8 payload bytes"));
+  m = a;
+  m.total = 0;
+  CHECK_THAT(check_slot(m, 3, false, 0, 0, slot), Catch::Contains("0-byte message"));
+  m = a;
+  m.offset = 64;
+  CHECK_THAT(check_slot(m, 3, false, 0, 0, slot), Catch::Contains("at offset 64"));
+  CHECK_THAT(check_slot(a, 4, false, 0, 0, slot), Catch::Contains("slot 3 where slot 4"));
+
+  RdvReply r{};
+  r.magic = kRdvReplyMagic;
+  r.mode = kRdvZeroCopy;
+  r.seq = 3;
+  r.bytes = 1 << 20;
+  r.addr = 0x7f0000001000;
+  r.rkey = 0x42;
+  CHECK(check_reply(r, 3, 1 << 20).empty());
+  CHECK_THAT(check_reply(r, 4, 1 << 20), Catch::Contains("slot 3 where slot 4"));
+  CHECK_THAT(check_reply(r, 3, 1 << 21), Catch::Contains("for 1048576 bytes"));
+  auto bad = [&](auto edit) {
+    RdvReply b = r;
+    edit(b);
+    return check_reply(b, 3, 1 << 20);
+  };
+  CHECK_THAT(bad([](RdvReply& b) { b.magic = 7; }), Catch::Contains("magic"));
+  CHECK_THAT(bad([](RdvReply& b) { b.mode = 3; }), Catch::Contains("mode 3"));
+  CHECK_THAT(bad([](RdvReply& b) { b.mode = 0; }), Catch::Contains("mode 0"));
+  CHECK_THAT(bad([](RdvReply& b) { b.addr = 0; }), Catch::Contains("at 0x0"));
+  CHECK_THAT(bad([](RdvReply& b) { b.addr = UINT64_MAX - 100; }), Catch::Contains("1048576 bytes at"));
+  CHECK_THAT(bad([](RdvReply& b) { b.reserved = 1; }), Catch::Contains("reserved"));
+  CHECK_THAT(bad([](RdvReply& b) { b.reserved2 = 1; }), Catch::Contains("reserved"));
+  CHECK_THAT(bad([](RdvReply& b) { b.mode = kRdvRing; }), Catch::Contains("with an address"));
+  RdvReply ring{};
+  ring.magic = kRdvReplyMagic;
+  ring.mode = kRdvRing;
+  ring.seq = 3;
+  ring.bytes = 1 << 20;
+  CHECK(check_reply(ring, 3, 1 << 20).empty());
+  // Random corruption of a good reply never passes unless it left the reply as it was.
+  uint64_t x = 0x243f6a8885a308d3ull;
+  for (int i = 0; i < 20000; ++i) {
+    RdvReply c = r;
+    auto* p = reinterpret_cast<uint8_t*>(&c);
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+    p[x % sizeof(c)] ^= static_cast<uint8_t>(1u << ((x >> 8) % 8));
+    if (c.addr != r.addr || c.rkey != r.rkey) continue;  // still a valid place to write
+    INFO("corruption " << i);
+    CHECK_FALSE(check_reply(c, 3, 1 << 20).empty());
+  }
+
+  for (uint64_t seq : {uint64_t{0}, uint64_t{5}, uint64_t{0x1fffffff}, uint64_t{0x123456789}}) {
+    const uint32_t imm = rdv_done_imm(seq);
+    CHECK(is_rdv_done_imm(imm));
+    CHECK(imm == rdv_done_imm(seq + (uint64_t{1} << 29)));
+    CHECK((imm & kImmRdvDoneMask) == (seq & kImmRdvDoneMask));
+    CHECK_FALSE(is_slot_imm(imm));
+    CHECK_FALSE(is_credit_imm(imm));
+  }
+  for (uint32_t control : {kImmHello, kImmFarewell, kImmRdvReply}) {
+    CHECK_FALSE(is_rdv_done_imm(control));
+    CHECK_FALSE(is_slot_imm(control));
+    CHECK_FALSE(is_credit_imm(control));
+  }
+  CHECK_FALSE(is_rdv_done_imm(credit_imm(0x3fffffff)));
+  CHECK_FALSE(is_rdv_done_imm(slot_imm(0x7fffffff)));
 }
 
 // ---- Over a device ([rdma]) -----------------------------------------------------------------
@@ -415,8 +564,14 @@ std::vector<float> random_floats(size_t n, uint32_t seed) {
 
 TEST_CASE("verbs: messages larger than the ring travel through it, both ways at once",
           "[rdma][verbs]") {
+  // With 4 QPs per connection, slots go round robin over them and land out of order.
+  const uint32_t qps = GENERATE(1u, 4u);
+  INFO(qps << " QPs per connection");
   RdmaPair pair;
-  connect_pair(&pair, VerbsOptions{4, 4096});  // 16 KiB of ring per direction
+  VerbsOptions options{4, 4096};  // 16 KiB of ring per direction
+  options.qps_per_connection = qps;
+  connect_pair(&pair, options);
+  for (int r = 0; r < 2; ++r) CHECK(static_cast<VerbsConnection*>(pair.conn(r))->nqps() == qps);
   uint32_t seq = 1;
   for (size_t count : {size_t{0}, size_t{1}, size_t{1008}, size_t{1009}, size_t{100003}}) {
     INFO(count << " floats");
@@ -496,6 +651,181 @@ TEST_CASE("verbs: registered sends are read in place; reducing receives reduce e
   REQUIRE(drive(pair, {&s2, &r2}));
   REQUIRE_FALSE(r2.failed());
   CHECK(std::equal(want.begin() + 1, want.end(), acc.begin() + 1));
+}
+
+// Rendezvous: a message of at least rdv_bytes from registered memory is announced; the
+// receiver answers with its buffer's address when that is registered too (the sender writes it
+// there: no byte through the ring), else the message follows through the ring. Eager and
+// rendezvous messages queued back to back, both directions at once, stay in order; the
+// instance's counters tell which way every payload byte went.
+TEST_CASE("verbs: rendezvous writes registered messages straight into registered receives",
+          "[rdma][verbs][rdv]") {
+  // With 4 QPs per connection, each zero-copy message is split over them (a part each).
+  const uint32_t qps = GENERATE(1u, 4u);
+  INFO(qps << " QPs per connection");
+  RdmaPair pair;
+  VerbsOptions options{4, 8192};
+  options.rdv_bytes = 16384;
+  options.qps_per_connection = qps;
+  connect_pair(&pair, options);
+  for (int r = 0; r < 2; ++r) CHECK(static_cast<VerbsConnection*>(pair.conn(r))->nqps() == qps);
+  // Floats: below the threshold, at it, several slots' worth, and beyond one 1 MiB write.
+  const std::vector<size_t> counts = {4095, 4096, 30001, 300007};
+  size_t total = 0;
+  for (size_t c : counts) total += c;
+  struct Side {
+    std::vector<float> out, in;
+    std::unique_ptr<RegistrationKey> out_key, in_key;
+  };
+  Side side[2];
+  for (int r = 0; r < 2; ++r) {
+    side[r].out = random_floats(total, 10 + r);
+    side[r].in.assign(total, -1.0f);
+    KeyFactory make = pair.inst[r]->key_factory();
+    REQUIRE(make);
+    auto k1 = make(RegisteredRange{side[r].out.data(), total * sizeof(float), std::nullopt});
+    auto k2 = make(RegisteredRange{side[r].in.data(), total * sizeof(float), std::nullopt});
+    REQUIRE(k1.ok());
+    REQUIRE(k2.ok());
+    side[r].out_key = std::move(k1).value();
+    side[r].in_key = std::move(k2).value();
+  }
+  const ByteCounts before[2] = {instance_byte_counts(*pair.inst[0]),
+                                instance_byte_counts(*pair.inst[1])};
+  std::vector<SendRequest> sends(2 * counts.size());
+  std::vector<RecvRequest> recvs(2 * counts.size());
+  std::vector<Request*> all;
+  for (int r = 0; r < 2; ++r) {
+    size_t at = 0;
+    for (size_t i = 0; i < counts.size(); ++i) {
+      SendRequest& s = sends[r * counts.size() + i];
+      s.buf = side[r].out.data() + at;
+      s.bytes = counts[i] * sizeof(float);
+      s.tag = tag_of(static_cast<uint32_t>(i + 1), counts[i]);
+      s.key = side[r].out_key.get();
+      RecvRequest& q = recvs[r * counts.size() + i];  // rank 1 - r receives it
+      q.dst = side[1 - r].in.data() + at;
+      q.bytes = s.bytes;
+      q.tag = s.tag;
+      q.key = side[1 - r].in_key.get();
+      if (i == 2) {  // the size comes from the sender: a larger capacity
+        q.size_from_sender = true;
+        q.bytes = (total - at) * sizeof(float);
+        q.tag.count = 0;
+      }
+      at += counts[i];
+      all.push_back(&s);
+      all.push_back(&q);
+    }
+  }
+  // Sends first, so that announcements wait for receives; the receives then come in order.
+  for (int r = 0; r < 2; ++r)
+    for (size_t i = 0; i < counts.size(); ++i) {
+      pair.conn(r)->post_send(&sends[r * counts.size() + i]);
+    }
+  for (int r = 0; r < 2; ++r) {
+    MsgTag tag;
+    uint64_t bytes = 0;
+    Deadline deadline = Deadline::after_ms(20000);
+    while (!pair.conn(1 - r)->peek(&tag, &bytes) && !deadline.expired()) {
+      pair.conn(r)->progress();
+    }
+    CHECK(tag == sends[r * counts.size()].tag);
+    CHECK(bytes == counts[0] * sizeof(float));
+  }
+  for (int r = 0; r < 2; ++r)
+    for (size_t i = 0; i < counts.size(); ++i) {
+      pair.conn(1 - r)->post_recv(&recvs[r * counts.size() + i]);
+    }
+  REQUIRE(drive(pair, all));
+  for (Request* q : all) REQUIRE_FALSE(q->failed());
+  CHECK(side[1].in == side[0].out);
+  CHECK(side[0].in == side[1].out);
+  CHECK(recvs[2].bytes == counts[2] * sizeof(float));
+  CHECK(recvs[2].tag.count == counts[2]);
+  const uint64_t eager = counts[0] * sizeof(float);
+  const uint64_t zero_copy = (total - counts[0]) * sizeof(float);
+  for (int r = 0; r < 2; ++r) {
+    const ByteCounts now = instance_byte_counts(*pair.inst[r]);
+    CHECK(now.ring_sent - before[r].ring_sent == eager);
+    CHECK(now.ring_received - before[r].ring_received == eager);
+    CHECK(now.zero_copy_sent - before[r].zero_copy_sent == zero_copy);
+    CHECK(now.zero_copy_received - before[r].zero_copy_received == zero_copy);
+  }
+  CHECK(pair.conn(0)->idle());
+  CHECK(pair.conn(1)->idle());
+
+  // An unregistered receive, and a reducing one: the announced message comes through the ring.
+  const ByteCounts mid = instance_byte_counts(*pair.inst[1]);
+  const size_t n = counts[3];
+  std::vector<float> plain(n, -1.0f), acc(n), want(n);
+  const std::vector<float> base = random_floats(n, 77);
+  for (size_t i = 0; i < n; ++i) want[i] = base[i] + side[0].out[i];
+  SendRequest s1, s2;
+  for (SendRequest* s : {&s1, &s2}) {
+    s->buf = side[0].out.data();
+    s->bytes = n * sizeof(float);
+    s->key = side[0].out_key.get();
+  }
+  s1.tag = tag_of(10, n);
+  s2.tag = tag_of(11, n);
+  RecvRequest q1, q2;
+  q1.dst = plain.data();
+  q1.bytes = s1.bytes;
+  q1.tag = s1.tag;
+  q2.dst = side[1].in.data();  // registered, but reducing
+  q2.key = side[1].in_key.get();
+  q2.src = base.data();
+  q2.bytes = s2.bytes;
+  q2.tag = s2.tag;
+  q2.reduce = kernels::reduce_fn(DataType::kFloat32, kernels::ReduceOp::kSum);
+  q2.elem_size = sizeof(float);
+  pair.conn(0)->post_send(&s1);
+  pair.conn(0)->post_send(&s2);
+  pair.conn(1)->post_recv(&q1);
+  pair.conn(1)->post_recv(&q2);
+  REQUIRE(drive(pair, {&s1, &s2, &q1, &q2}));
+  REQUIRE_FALSE(q1.failed());
+  REQUIRE_FALSE(q2.failed());
+  CHECK(std::equal(plain.begin(), plain.end(), side[0].out.begin()));
+  CHECK(std::equal(want.begin(), want.end(), side[1].in.begin()));
+  const ByteCounts end = instance_byte_counts(*pair.inst[1]);
+  CHECK(end.ring_received - mid.ring_received == 2 * n * sizeof(float));
+  CHECK(end.zero_copy_received == mid.zero_copy_received);
+}
+
+// An announced message that the receiver does not expect: both sides fail with
+// ncclInvalidUsage (the sender, waiting for the reply, learns it from the farewell).
+TEST_CASE("verbs: a mismatched rendezvous message fails both sides", "[rdma][verbs][rdv]") {
+  RdmaPair pair;
+  VerbsOptions options{4, 8192};
+  options.rdv_bytes = 4096;
+  connect_pair(&pair, options);
+  std::vector<float> a = random_floats(10000, 5), got(10000);
+  KeyFactory make0 = pair.inst[0]->key_factory(), make1 = pair.inst[1]->key_factory();
+  auto k0 = make0(RegisteredRange{a.data(), a.size() * sizeof(float), std::nullopt});
+  auto k1 = make1(RegisteredRange{got.data(), got.size() * sizeof(float), std::nullopt});
+  REQUIRE(k0.ok());
+  REQUIRE(k1.ok());
+  SendRequest s;
+  s.buf = a.data();
+  s.bytes = a.size() * sizeof(float);
+  s.tag = tag_of(3, a.size());
+  s.key = k0.value().get();
+  RecvRequest r;
+  r.dst = got.data();
+  r.bytes = s.bytes - 4;  // one float fewer
+  r.tag = tag_of(3, a.size() - 1);
+  r.key = k1.value().get();
+  pair.conn(0)->post_send(&s);
+  pair.conn(1)->post_recv(&r);
+  drive(pair, {&s, &r}, 20000);
+  REQUIRE(r.failed());
+  REQUIRE(s.failed());
+  CHECK(pair.conn(1)->error().code() == Code::kInvalidUsage);
+  CHECK(pair.conn(0)->error().code() == Code::kInvalidUsage);
+  CHECK_THAT(pair.conn(0)->error().message(), Catch::Contains("gave up") &&
+                                                  Catch::Contains("expects"));
 }
 
 TEST_CASE("verbs: a peer that closes fails a pending receive with its goodbye",

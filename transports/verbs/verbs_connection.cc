@@ -3,7 +3,10 @@
 // Messages as slots: each slot is one signaled RDMA WRITE_WITH_IMM of a 64-byte header and up
 // to slot_bytes - 64 of payload into the receiver's ring, at most `slots` unconsumed at a time
 // (credits); the receiver copies or reduces each slot straight into the destination and
-// returns credits as 0-byte SEND_WITH_IMM. No verbs callbacks: the CQ is polled.
+// returns credits as 0-byte SEND_WITH_IMM. Large messages from registered memory are announced
+// by a header-only slot; the receiver answers with its buffer's address (registered: the
+// sender writes the message there, zero copy) or asks for slots. No verbs callbacks: the CQ is
+// polled.
 #include "transports/verbs/verbs_connection.h"
 
 #include <endian.h>
@@ -43,6 +46,8 @@ const char* wr_name(uint64_t wr_id) {
     case 3: return "hello";
     case 4: return "farewell";
     case 5: return "receive";
+    case 6: return "rendezvous reply";
+    case 7: return "zero-copy write";
     default: return "work request";
   }
 }
@@ -65,16 +70,24 @@ void VerbsConnection::drain(int ms, Done done) {
 }
 
 VerbsConnection::VerbsConnection(ConnectionSetup setup)
-    : Connection(setup.peer, setup.channel), s_(std::move(setup)), written_(s_.slots) {
+    : Connection(setup.peer, setup.channel),
+      s_(std::move(setup)),
+      written_(s_.slots + kMaxZeroCopyWrites + 1) {
   credit_threshold_ = std::max<uint32_t>(1, s_.slots / 4);
-  recv_posted_ = static_cast<int>(s_.qp.recv_depth);  // create_qp posted them
-  Hello h{kHelloMagic, static_cast<uint32_t>(s_.my_rank), static_cast<uint32_t>(s_.peer),
-          static_cast<uint32_t>(s_.channel), s_.comm_uid, qpn(), 0};
-  std::memcpy(tx_aux() + kHelloOffset, &h, sizeof(h));
-  ibv_sge sge{reinterpret_cast<uintptr_t>(tx_aux() + kHelloOffset), static_cast<uint32_t>(sizeof(h)),
-              s_.rings->tx_mr->lkey};
-  post_wr(kWrHello, IBV_WR_RDMA_WRITE_WITH_IMM, kImmHello, &sge, 1,
-          uint64_t{s_.slots} * s_.slot_bytes + kHelloOffset);
+  tx_landed_.assign(s_.slots, 0);
+  rx_landed_.assign(s_.slots, 0);
+  for (uint32_t q = 0; q < nqps(); ++q) rx_next_.push_back(q);
+  // A hello over each QP proves it connected to its peer QP.
+  for (uint32_t q = 0; q < nqps() && !broken_; ++q) {
+    Hello h{kHelloMagic, static_cast<uint32_t>(s_.my_rank), static_cast<uint32_t>(s_.peer),
+            static_cast<uint32_t>(s_.channel), s_.comm_uid, s_.qp.qps[q]->qp_num, q};
+    const size_t at = kHelloOffset + q * kHelloBytes;
+    std::memcpy(tx_aux() + at, &h, sizeof(h));
+    ibv_sge sge{reinterpret_cast<uintptr_t>(tx_aux() + at), static_cast<uint32_t>(sizeof(h)),
+                s_.rings->tx_mr->lkey};
+    post_write(q, kWrHello, IBV_WR_RDMA_WRITE_WITH_IMM, kImmHello, &sge, 1,
+               s_.remote_ring + uint64_t{s_.slots} * s_.slot_bytes + at, s_.remote_rkey);
+  }
 }
 
 VerbsConnection::~VerbsConnection() {
@@ -84,8 +97,8 @@ VerbsConnection::~VerbsConnection() {
     broken_ = true;
     if (farewell_sent_) drain(kGoodbyeDrainMs, [&] { return farewell_done_; });
   }
-  // Sends must be flushed before the QP goes; receives carry no buffers and go with it.
-  qp_to_error(s_.qp.qp.get());
+  // Sends must be flushed before the QPs go; receives carry no buffers and go with them.
+  for (auto& qp : s_.qp.qps) qp_to_error(qp.get());
   drain(kFarewellDrainMs, [&] { return sq_outstanding_ == 0; });
   ibv_cq* cq = nullptr;
   void* cq_ctx = nullptr;
@@ -98,23 +111,30 @@ VerbsConnection::~VerbsConnection() {
 
 bool VerbsConnection::post_wr(WrKind kind, ibv_wr_opcode opcode, uint32_t imm, ibv_sge* sge,
                               int nsge, uint64_t remote_offset) {
+  return post_write(0, kind, opcode, imm, sge, nsge, s_.remote_ring + remote_offset,
+                    s_.remote_rkey);
+}
+
+bool VerbsConnection::post_write(uint32_t q, uint64_t wr_id, ibv_wr_opcode opcode, uint32_t imm,
+                                 ibv_sge* sge, int nsge, uint64_t remote_addr, uint32_t rkey) {
   ibv_send_wr wr{};
   ibv_send_wr* bad = nullptr;
-  wr.wr_id = kind;
+  wr.wr_id = wr_id;
   wr.sg_list = sge;
   wr.num_sge = nsge;
   wr.opcode = opcode;
   wr.send_flags = IBV_SEND_SIGNALED;
   wr.imm_data = htobe32(imm);
   if (opcode != IBV_WR_SEND_WITH_IMM) {
-    wr.wr.rdma.remote_addr = s_.remote_ring + remote_offset;
-    wr.wr.rdma.rkey = s_.remote_rkey;
+    wr.wr.rdma.remote_addr = remote_addr;
+    wr.wr.rdma.rkey = rkey;
   }
-  if (int rc = ibv_post_send(s_.qp.qp.get(), &wr, &bad); rc != 0) {
+  if (int rc = ibv_post_send(s_.qp.qps[q].get(), &wr, &bad); rc != 0) {
     if (!broken_) {
       fail_all(remote_error("verbs: rank {} could not post a {} to {} on {} QP {:#x}: {} {}",
-                            s_.my_rank, wr_name(kind), s_.peer_label, s_.rings->device->name(),
-                            qpn(), std::strerror(rc), situation()),
+                            s_.my_rank, wr_name(wr_id & 0xff), s_.peer_label,
+                            s_.rings->device->name(), s_.qp.qps[q]->qp_num, std::strerror(rc),
+                            situation()),
                false);
     }
     return false;
@@ -123,22 +143,25 @@ bool VerbsConnection::post_wr(WrKind kind, ibv_wr_opcode opcode, uint32_t imm, i
   return true;
 }
 
-bool VerbsConnection::post_receives(int n) {
-  for (int i = 0; i < n; ++i) {
-    ibv_recv_wr wr{};
-    ibv_recv_wr* bad = nullptr;
-    wr.wr_id = kWrRecv;
-    wr.num_sge = 0;  // immediate data only: slot payloads land by RDMA WRITE
-    if (int rc = ibv_post_recv(s_.qp.qp.get(), &wr, &bad); rc != 0) {
-      fail_all(remote_error("verbs: rank {} could not post a receive on {} QP {:#x} to {}: {}",
-                            s_.my_rank, s_.rings->device->name(), qpn(), s_.peer_label,
-                            std::strerror(rc)),
-               false);
-      return false;
-    }
-    ++recv_posted_;
+bool VerbsConnection::post_receive(uint32_t q) {
+  ibv_recv_wr wr{};
+  ibv_recv_wr* bad = nullptr;
+  wr.wr_id = kWrRecv;
+  wr.num_sge = 0;  // immediate data only: slot payloads land by RDMA WRITE
+  if (int rc = ibv_post_recv(s_.qp.qps[q].get(), &wr, &bad); rc != 0) {
+    fail_all(remote_error("verbs: rank {} could not post a receive on {} QP {:#x} to {}: {}",
+                          s_.my_rank, s_.rings->device->name(), s_.qp.qps[q]->qp_num,
+                          s_.peer_label, std::strerror(rc)),
+             false);
+    return false;
   }
   return true;
+}
+
+uint32_t VerbsConnection::qp_index(uint32_t qp_num) const {
+  uint32_t q = 0;
+  while (q < nqps() && s_.qp.qps[q]->qp_num != qp_num) ++q;
+  return q;
 }
 
 void VerbsConnection::post_send(SendRequest* req) {
@@ -203,56 +226,107 @@ bool VerbsConnection::poll_cq() {
 }
 
 bool VerbsConnection::on_completion(const ibv_wc& wc) {
-  if (wc.wr_id == kWrRecv) {
-    --recv_posted_;
-  } else {
+  const uint64_t kind = wc.wr_id & 0xff;
+  if (kind != kWrRecv) {
     --sq_outstanding_;
-    if (wc.wr_id == kWrFarewell) farewell_done_ = true;
+    if (kind == kWrFarewell) farewell_done_ = true;
   }
   if (broken_) return false;  // flushed, or late: bookkeeping only
   if (wc.status != IBV_WC_SUCCESS) {
     fail_all(wc_error(wc), false);
     return false;
   }
-  switch (wc.wr_id) {
-    case kWrSlot:
-      ++tx_done_;
+  switch (kind) {
+    case kWrSlot: {
+      // Slots complete in order per QP only: the staging slots are free up to the first one
+      // still in flight.
+      const uint64_t seq = wc.wr_id >> 8;
+      if (seq < tx_done_ || seq >= tx_seq_) {
+        fail_all(internal_error("verbs: completion of slot {} on QP {:#x} when slots [{}, {}) "
+                                "were in flight",
+                                seq, wc.qp_num, tx_done_, tx_seq_),
+                 false);
+        return false;
+      }
+      tx_landed_[seq % s_.slots] = 1;
+      while (tx_done_ < tx_seq_ && tx_landed_[tx_done_ % s_.slots] != 0) {
+        tx_landed_[tx_done_ % s_.slots] = 0;
+        ++tx_done_;
+      }
       return true;
+    }
     case kWrCredit:
       credit_in_flight_ = false;
       return true;
     case kWrHello:
-      hello_sent_ = true;
+      ++hellos_sent_;
       return true;
     case kWrFarewell:
+    case kWrReply:
       return true;
-    case kWrRecv:
-      return on_receive(wc);
+    case kWrZeroCopy:
+      ++zc_done_;
+      return true;
+    case kWrRecv: {
+      const uint32_t q = qp_index(wc.qp_num);
+      if (q == nqps()) {
+        fail_all(internal_error("verbs: a receive completion from QP {:#x}, not one of {}'s",
+                                wc.qp_num, s_.peer_label),
+                 false);
+        return false;
+      }
+      return on_receive(wc, q);
+    }
     default:
-      fail_all(internal_error("verbs: completion with unknown id {} on QP {:#x}", wc.wr_id, qpn()),
+      fail_all(internal_error("verbs: completion with unknown id {} on QP {:#x}", wc.wr_id,
+                              wc.qp_num),
                false);
       return false;
   }
 }
 
-bool VerbsConnection::on_receive(const ibv_wc& wc) {
-  if (!post_receives(1)) return false;
+bool VerbsConnection::on_receive(const ibv_wc& wc, uint32_t q) {
+  if (!post_receive(q)) return false;
   const RecvRequest* front = recvs_.empty() ? nullptr : recvs_.front();
   if ((wc.wc_flags & IBV_WC_WITH_IMM) == 0) {
     fail_all(corrupt(front, "a message without immediate data"), true);
     return false;
   }
   const uint32_t imm = be32toh(wc.imm_data);
-  if (is_slot_imm(imm)) {
-    if (wc.opcode != IBV_WC_RECV_RDMA_WITH_IMM || imm != slot_imm(rx_arrived_) ||
-        rx_arrived_ - rx_seq_ >= s_.slots) {
-      fail_all(corrupt(front, fmt::format("slot write {:#x} where slot {} was due ({} of {} "
-                                          "slots unconsumed)",
-                                          imm, rx_arrived_, rx_arrived_ - rx_seq_, s_.slots)),
+  if (wc.opcode != IBV_WC_RECV_RDMA_WITH_IMM && !is_credit_imm(imm)) {
+    fail_all(corrupt(front, fmt::format("a SEND with immediate data {:#x}", imm)), true);
+    return false;
+  }
+  if (is_slot_imm(imm)) return on_slot(imm, q, front);
+  if (is_rdv_done_imm(imm)) {
+    // Each QP that carries a part of the message ends it with this immediate; RC has placed
+    // the part's earlier writes by then.
+    const uint32_t bit = uint32_t{1} << q;
+    if (!rx_zero_copy_ || (rx_owed_ & bit) == 0 || imm != rdv_done_imm(rx_announce_seq_)) {
+      fail_all(corrupt(front, fmt::format("the end of a zero-copy message ({:#x}) over QP {} "
+                                          "where {}",
+                                          imm, q,
+                                          rx_zero_copy_ && !rx_done_
+                                              ? fmt::format("{:#x} was due over QPs {:#x}",
+                                                            rdv_done_imm(rx_announce_seq_),
+                                                            rx_owed_)
+                                              : std::string("none was announced"))),
                true);
       return false;
     }
-    ++rx_arrived_;
+    rx_owed_ &= ~bit;
+    rx_done_ = rx_owed_ == 0;
+    return true;
+  }
+  if (imm == kImmRdvReply) {
+    if (q != 0 || send_phase_ != SendPhase::kAwaitReply || reply_arrived_) {
+      fail_all(remote_error("verbs: {} sent a rendezvous reply on verbs channel {} that rank {} "
+                            "did not ask for {}",
+                            s_.peer_label, s_.channel, s_.my_rank, situation()),
+               true);
+      return false;
+    }
+    reply_arrived_ = true;
     return true;
   }
   if (is_credit_imm(imm)) {
@@ -266,7 +340,7 @@ bool VerbsConnection::on_receive(const ibv_wc& wc) {
     tx_credit_ = consumed;
     return true;
   }
-  if (imm == kImmHello) return check_hello();
+  if (imm == kImmHello) return check_hello(q);
   if (imm == kImmFarewell) {
     read_farewell();
     return true;
@@ -275,22 +349,51 @@ bool VerbsConnection::on_receive(const ibv_wc& wc) {
   return false;
 }
 
-bool VerbsConnection::check_hello() {
-  Hello h{};
-  std::memcpy(&h, rx_aux() + kHelloOffset, sizeof(h));
-  if (hello_received_ || h.magic != kHelloMagic || h.from != static_cast<uint32_t>(s_.peer) ||
-      h.to != static_cast<uint32_t>(s_.my_rank) || h.channel != static_cast<uint32_t>(s_.channel) ||
-      h.comm_uid != s_.comm_uid || h.qpn != s_.remote_qpn) {
-    fail_all(remote_error("verbs: the hello from {} on channel {} was rejected: it names rank {} "
-                          "-> {} channel {} QP {:#x} of communicator {:#x} (magic {:#x}{}), not "
-                          "rank {} -> {} channel {} QP {:#x} of {:#x}",
-                          s_.peer_label, s_.channel, h.from, h.to, h.channel, h.qpn, h.comm_uid,
-                          h.magic, hello_received_ ? ", a second one" : "", s_.peer, s_.my_rank,
-                          s_.channel, s_.remote_qpn, s_.comm_uid),
+// A slot write over QP q: the next slot due over that QP, within the ring's window. Slots over
+// different QPs may land out of order; rx_arrived_ counts those that landed without a gap.
+bool VerbsConnection::on_slot(uint32_t imm, uint32_t q, const RecvRequest* front) {
+  const uint64_t seq = rx_next_[q];
+  if (imm != slot_imm(seq) || seq - rx_seq_ >= s_.slots) {
+    fail_all(corrupt(front, fmt::format("slot write {:#x} over QP {} where slot {} was due ({} "
+                                        "of {} slots unconsumed)",
+                                        imm, q, seq, rx_arrived_ - rx_seq_, s_.slots)),
              true);
     return false;
   }
-  hello_received_ = true;
+  if (rx_zero_copy_ && (rx_owed_ & (uint32_t{1} << q)) != 0) {
+    fail_all(corrupt(front, fmt::format("slot {} over QP {} before the end of the zero-copy "
+                                        "message it announced in slot {}",
+                                        seq, q, rx_announce_seq_)),
+             true);
+    return false;
+  }
+  rx_next_[q] = seq + nqps();
+  rx_landed_[seq % s_.slots] = 1;
+  while (rx_landed_[rx_arrived_ % s_.slots] != 0) {
+    rx_landed_[rx_arrived_ % s_.slots] = 0;
+    ++rx_arrived_;
+  }
+  return true;
+}
+
+bool VerbsConnection::check_hello(uint32_t q) {
+  Hello h{};
+  std::memcpy(&h, rx_aux() + kHelloOffset + q * kHelloBytes, sizeof(h));
+  const bool again = (hellos_received_ & (uint32_t{1} << q)) != 0;
+  if (again || h.magic != kHelloMagic || h.from != static_cast<uint32_t>(s_.peer) ||
+      h.to != static_cast<uint32_t>(s_.my_rank) || h.channel != static_cast<uint32_t>(s_.channel) ||
+      h.comm_uid != s_.comm_uid || h.qpn != s_.remote_qpns[q] || h.index != q) {
+    fail_all(remote_error("verbs: the hello from {} on channel {} was rejected: it names rank {} "
+                          "-> {} channel {} QP {:#x} ({} of the connection) of communicator "
+                          "{:#x} (magic {:#x}{}), not rank {} -> {} channel {} QP {:#x} ({}) of "
+                          "{:#x}",
+                          s_.peer_label, s_.channel, h.from, h.to, h.channel, h.qpn, h.index,
+                          h.comm_uid, h.magic, again ? ", a second one" : "", s_.peer,
+                          s_.my_rank, s_.channel, s_.remote_qpns[q], q, s_.comm_uid),
+             true);
+    return false;
+  }
+  hellos_received_ |= uint32_t{1} << q;
   return true;
 }
 
@@ -316,11 +419,13 @@ bool VerbsConnection::progress() {
   if (!broken_) moved |= progress_recvs();
   if (!broken_) maybe_send_credit();
   if (broken_) return true;
-  if (std::string why = s_.rings->device->failure(qpn()); !why.empty()) {
-    fail_all(remote_error("verbs: {} for {} QP {:#x} (to {}) {}", why, s_.rings->device->name(),
-                          qpn(), s_.peer_label, situation()),
-             false);
-    return true;
+  for (auto& qp : s_.qp.qps) {
+    if (std::string why = s_.rings->device->failure(qp->qp_num); !why.empty()) {
+      fail_all(remote_error("verbs: {} for {} QP {:#x} (to {}) {}", why, s_.rings->device->name(),
+                            qp->qp_num, s_.peer_label, situation()),
+               false);
+      return true;
+    }
   }
   // The peer's farewell counts once the data that came before it is consumed, and only while
   // something waits here (a peer that sent its last message and left is no failure).
@@ -328,64 +433,46 @@ bool VerbsConnection::progress() {
   return moved;
 }
 
-// The registered range's MR that covers the whole of a send's buffer, or null.
-static const ibv_mr* mr_covering(const SendRequest& req) {
-  if (req.key == nullptr) return nullptr;
-  const ibv_mr* mr = static_cast<const MrKey*>(req.key)->mr();
+// The registered range's MR that covers all of [buf, buf + bytes), or null. With
+// `remote_write`, only one the peer may write into.
+static const ibv_mr* mr_covering(const RegistrationKey* key, const void* buf, size_t bytes,
+                                 bool remote_write) {
+  if (key == nullptr) return nullptr;
+  const auto* mk = static_cast<const MrKey*>(key);
+  if (remote_write && !mk->remote_write()) return nullptr;
+  const ibv_mr* mr = mk->mr();
   const auto base = reinterpret_cast<uintptr_t>(mr->addr);
-  const auto buf = reinterpret_cast<uintptr_t>(req.buf);
-  if (buf < base || buf - base > mr->length || mr->length - (buf - base) < req.bytes) return nullptr;
+  const auto p = reinterpret_cast<uintptr_t>(buf);
+  if (p < base || p - base > mr->length || mr->length - (p - base) < bytes) return nullptr;
   return mr;
 }
 
 bool VerbsConnection::progress_sends() {
   bool moved = false;
   while (!sends_.empty() && !broken_) {
-    if (tx_seq_ - tx_credit_ >= s_.slots || tx_seq_ - tx_done_ >= s_.slots) break;
+    // Completed sends wait in written_ behind one whose writes are still in flight (over
+    // another QP, or zero copy): a new message starts only while it has room.
+    if (send_phase_ == SendPhase::kFresh && written_count_ == written_.size()) break;
     SendRequest* req = sends_.front();
-    const size_t n = std::min(payload_bytes(), req->bytes - send_offset_);
-    uint8_t* slot = tx_slot(tx_seq_);
-    SlotHeader h{};
-    h.magic = kSlotMagic;
-    h.payload = static_cast<uint32_t>(n);
-    h.tag = req->tag;
-    h.total = req->bytes;
-    h.offset = send_offset_;
-    h.seq = tx_seq_;
-    std::memcpy(slot, &h, sizeof(h));
-    const auto* src = static_cast<const uint8_t*>(req->buf) + send_offset_;
-    ibv_sge sge[2];
-    sge[0].addr = reinterpret_cast<uintptr_t>(slot);
-    sge[0].lkey = s_.rings->tx_mr->lkey;
-    int nsge = 1;
-    const ibv_mr* mr = n > 0 ? mr_covering(*req) : nullptr;
-    if (mr != nullptr) {  // registered: the HCA reads the payload where it is
-      sge[0].length = kSlotHeaderBytes;
-      sge[1].addr = reinterpret_cast<uintptr_t>(src);
-      sge[1].length = static_cast<uint32_t>(n);
-      sge[1].lkey = mr->lkey;
-      nsge = 2;
-    } else {
-      if (n > 0) std::memcpy(slot + kSlotHeaderBytes, src, n);
-      sge[0].length = static_cast<uint32_t>(kSlotHeaderBytes + n);
+    bool went = false;
+    switch (send_phase_) {
+      case SendPhase::kFresh:
+      case SendPhase::kSlots:
+        went = send_slot(req);
+        break;
+      case SendPhase::kAwaitReply:
+        went = take_reply(req);
+        break;
+      case SendPhase::kZeroCopy:
+        went = send_zero_copy(req);
+        break;
     }
-    if (!post_wr(kWrSlot, IBV_WR_RDMA_WRITE_WITH_IMM, slot_imm(tx_seq_), sge, nsge,
-                 (tx_seq_ % s_.slots) * s_.slot_bytes)) {
-      return true;
-    }
-    ++tx_seq_;
-    send_offset_ += n;
+    if (!went) break;
     moved = true;
-    req->bytes_done.store(send_offset_, std::memory_order_relaxed);
-    if (send_offset_ == req->bytes) {
-      sends_.pop();
-      written_[(written_head_ + written_count_) % written_.size()] = {req, tx_seq_};
-      ++written_count_;
-      send_offset_ = 0;
-    }
   }
-  while (written_count_ > 0 && written_[written_head_].second <= tx_done_) {
-    SendRequest* req = written_[written_head_].first;
+  while (written_count_ > 0 && written_[written_head_].slots <= tx_done_ &&
+         written_[written_head_].writes <= zc_done_) {
+    SendRequest* req = written_[written_head_].req;
     written_head_ = (written_head_ + 1) % written_.size();
     --written_count_;
     moved = true;
@@ -394,15 +481,152 @@ bool VerbsConnection::progress_sends() {
   return moved;
 }
 
+// One slot of the front send: its announcement (a large message from registered memory, not
+// yet begun), or its next piece of payload.
+bool VerbsConnection::send_slot(SendRequest* req) {
+  if (tx_seq_ - tx_credit_ >= s_.slots || tx_seq_ - tx_done_ >= s_.slots) return false;
+  const ibv_mr* mr = req->bytes > 0 ? mr_covering(req->key, req->buf, req->bytes, false) : nullptr;
+  const bool announce = send_phase_ == SendPhase::kFresh && mr != nullptr &&
+                        s_.rdv_bytes > 0 && req->bytes >= s_.rdv_bytes;
+  const size_t n = announce ? 0 : std::min(payload_bytes(), req->bytes - send_offset_);
+  uint8_t* slot = tx_slot(tx_seq_);
+  SlotHeader h{};
+  h.magic = kSlotMagic;
+  h.payload = static_cast<uint32_t>(n);
+  h.tag = req->tag;
+  h.total = req->bytes;
+  h.offset = send_offset_;
+  h.seq = tx_seq_;
+  h.flags = announce ? kSlotAnnounce : 0;
+  std::memcpy(slot, &h, sizeof(h));
+  const auto* src = static_cast<const uint8_t*>(req->buf) + send_offset_;
+  ibv_sge sge[2];
+  sge[0].addr = reinterpret_cast<uintptr_t>(slot);
+  sge[0].lkey = s_.rings->tx_mr->lkey;
+  int nsge = 1;
+  if (n > 0 && mr != nullptr) {  // registered: the HCA reads the payload where it is
+    sge[0].length = kSlotHeaderBytes;
+    sge[1].addr = reinterpret_cast<uintptr_t>(src);
+    sge[1].length = static_cast<uint32_t>(n);
+    sge[1].lkey = mr->lkey;
+    nsge = 2;
+  } else {
+    if (n > 0) std::memcpy(slot + kSlotHeaderBytes, src, n);
+    sge[0].length = static_cast<uint32_t>(kSlotHeaderBytes + n);
+  }
+  // Slots go round robin over the QPs (each its own path through the network).
+  if (!post_write(static_cast<uint32_t>(tx_seq_ % nqps()), kWrSlot | tx_seq_ << 8,
+                  IBV_WR_RDMA_WRITE_WITH_IMM, slot_imm(tx_seq_), sge, nsge,
+                  s_.remote_ring + (tx_seq_ % s_.slots) * s_.slot_bytes, s_.remote_rkey)) {
+    return false;
+  }
+  if (announce) {
+    announce_seq_ = tx_seq_;
+    ++tx_seq_;
+    send_phase_ = SendPhase::kAwaitReply;
+    return true;
+  }
+  send_phase_ = SendPhase::kSlots;
+  ++tx_seq_;
+  send_offset_ += n;
+  s_.counters->ring_sent(n);
+  req->bytes_done.store(send_offset_, std::memory_order_relaxed);
+  if (send_offset_ == req->bytes) finish_send(req);
+  return true;
+}
+
+// The receiver's answer to the front send's announcement: where to write it, or "as slots".
+bool VerbsConnection::take_reply(SendRequest* req) {
+  if (!reply_arrived_) return false;
+  reply_arrived_ = false;
+  RdvReply r{};
+  std::memcpy(&r, rx_aux() + kRdvReplyOffset, sizeof(r));
+  if (std::string bad = check_reply(r, announce_seq_, req->bytes); !bad.empty()) {
+    fail_all(remote_error("verbs: {} sent {} on verbs channel {} {}", s_.peer_label, bad,
+                          s_.channel, situation()),
+             true);
+    return false;
+  }
+  send_offset_ = 0;
+  if (r.mode == kRdvRing) {
+    send_phase_ = SendPhase::kSlots;
+  } else {
+    send_phase_ = SendPhase::kZeroCopy;
+    zc_addr_ = r.addr;
+    zc_rkey_ = r.rkey;
+    zc_split_ = zero_copy_split(req->bytes, nqps());
+    zc_piece_ = 0;
+  }
+  return true;
+}
+
+// The next piece of the front send, written straight into the receiver's buffer: part q of the
+// message over QP q (zero_copy_split), in pieces of at most max_write taken round robin over the
+// parts; each part's last piece carries the immediate that the receiver counts (RC has placed
+// the part's earlier writes before it). The send completes when every write has: counting
+// writes in total is exact because the next zero-copy message's writes start only after the
+// receiver saw all of this one's.
+bool VerbsConnection::send_zero_copy(SendRequest* req) {
+  if (zc_posted_ - zc_done_ >= kMaxZeroCopyWrites) return false;
+  const ibv_mr* mr = mr_covering(req->key, req->buf, req->bytes, false);
+  const uint64_t part = zc_split_.part, parts = zc_split_.parts;
+  const uint64_t per_part = (part + s_.max_write - 1) / s_.max_write;
+  for (;; ++zc_piece_) {
+    if (zc_piece_ >= per_part * parts) {  // every piece posted
+      s_.counters->zero_copy_sent(req->bytes);
+      finish_send(req);
+      return true;
+    }
+    const uint64_t q = zc_piece_ % parts;
+    const uint64_t start = q * part + zc_piece_ / parts * s_.max_write;
+    const uint64_t end = std::min<uint64_t>((q + 1) * part, req->bytes);
+    if (start >= end) continue;  // the last part is shorter
+    const uint64_t n = std::min<uint64_t>(s_.max_write, end - start);
+    const bool last = start + n == end;
+    ibv_sge sge{reinterpret_cast<uintptr_t>(static_cast<const uint8_t*>(req->buf) + start),
+                static_cast<uint32_t>(n), mr->lkey};
+    if (!post_write(static_cast<uint32_t>(q), kWrZeroCopy,
+                    last ? IBV_WR_RDMA_WRITE_WITH_IMM : IBV_WR_RDMA_WRITE,
+                    rdv_done_imm(announce_seq_), &sge, 1, zc_addr_ + start, zc_rkey_)) {
+      return false;
+    }
+    ++zc_posted_;
+    ++zc_piece_;
+    send_offset_ += n;
+    req->bytes_done.store(send_offset_, std::memory_order_relaxed);
+    return true;
+  }
+}
+
+// Every work request of the front send is posted: it completes once they have.
+void VerbsConnection::finish_send(SendRequest* req) {
+  sends_.pop();
+  written_[(written_head_ + written_count_) % written_.size()] = {req, tx_seq_, zc_posted_};
+  ++written_count_;
+  send_offset_ = 0;
+  send_phase_ = SendPhase::kFresh;
+}
+
 bool VerbsConnection::progress_recvs() {
   bool moved = false;
-  while (!recvs_.empty() && rx_seq_ < rx_arrived_ && !broken_) {
+  while (!recvs_.empty() && !broken_) {
     RecvRequest* req = recvs_.front();
+    if (rx_zero_copy_) {  // the sender writes the message into dst
+      if (!rx_done_) break;
+      rx_zero_copy_ = rx_done_ = false;
+      rx_in_message_ = false;
+      s_.counters->zero_copy_received(rx_total_);
+      req->bytes_done.store(rx_total_, std::memory_order_relaxed);
+      recvs_.pop();
+      req->complete();  // the caller may free it now
+      moved = true;
+      continue;
+    }
+    if (rx_seq_ >= rx_arrived_) break;
     const uint8_t* slot = rx_slot(rx_seq_);
     SlotHeader h{};
     std::memcpy(&h, slot, sizeof(h));
-    std::string bad = check_slot(h, rx_seq_, rx_in_message_ ? rx_offset_ : 0, rx_total_,
-                                 s_.slot_bytes);
+    std::string bad = check_slot(h, rx_seq_, rx_in_message_, rx_offset_, rx_total_, s_.slot_bytes);
     if (!bad.empty()) {
       fail_all(corrupt(req, bad), true);
       return true;
@@ -415,6 +639,12 @@ bool VerbsConnection::progress_recvs() {
       rx_in_message_ = true;
       rx_total_ = h.total;
       rx_offset_ = 0;
+    }
+    if (h.flags == kSlotAnnounce) {
+      ++rx_seq_;
+      moved = true;
+      if (!answer_announcement(req, h)) return true;
+      continue;
     }
     if (h.payload > 0) {
       const uint8_t* payload = slot + kSlotHeaderBytes;
@@ -431,6 +661,7 @@ bool VerbsConnection::progress_recvs() {
       } else {
         std::memcpy(dst, payload, h.payload);
       }
+      s_.counters->ring_received(h.payload);
     }
     rx_offset_ += h.payload;
     ++rx_seq_;
@@ -443,6 +674,37 @@ bool VerbsConnection::progress_recvs() {
     }
   }
   return moved;
+}
+
+// Zero copy when the receive's whole buffer lies in memory the peer may write and it only
+// copies (a reducing receive combines each slot as it comes: it takes the ring). Otherwise the
+// message follows as slots from offset 0.
+bool VerbsConnection::answer_announcement(RecvRequest* req, const SlotHeader& h) {
+  const ibv_mr* mr = req->reduce == nullptr ? mr_covering(req->key, req->dst, h.total, true)
+                                            : nullptr;
+  RdvReply r{};
+  r.magic = kRdvReplyMagic;
+  r.mode = mr != nullptr ? kRdvZeroCopy : kRdvRing;
+  r.seq = h.seq;
+  r.bytes = h.total;
+  if (mr != nullptr) {
+    r.addr = reinterpret_cast<uintptr_t>(req->dst);
+    r.rkey = mr->rkey;
+  }
+  std::memcpy(tx_aux() + kRdvReplyOffset, &r, sizeof(r));
+  ibv_sge sge{reinterpret_cast<uintptr_t>(tx_aux() + kRdvReplyOffset),
+              static_cast<uint32_t>(sizeof(r)), s_.rings->tx_mr->lkey};
+  if (!post_wr(kWrReply, IBV_WR_RDMA_WRITE_WITH_IMM, kImmRdvReply, &sge, 1,
+               uint64_t{s_.slots} * s_.slot_bytes + kRdvReplyOffset)) {
+    return false;
+  }
+  if (mr != nullptr) {
+    rx_zero_copy_ = true;
+    rx_done_ = false;
+    rx_announce_seq_ = h.seq;
+    rx_owed_ = (uint32_t{1} << zero_copy_split(h.total, nqps()).parts) - 1;
+  }
+  return true;
 }
 
 void VerbsConnection::maybe_send_credit() {
@@ -460,7 +722,7 @@ bool VerbsConnection::peek(MsgTag* tag, uint64_t* bytes) {
   if (rx_seq_ < rx_arrived_) {
     SlotHeader h{};
     std::memcpy(&h, rx_slot(rx_seq_), sizeof(h));
-    if (std::string bad = check_slot(h, rx_seq_, 0, 0, s_.slot_bytes); !bad.empty()) {
+    if (std::string bad = check_slot(h, rx_seq_, false, 0, 0, s_.slot_bytes); !bad.empty()) {
       fail_all(corrupt(nullptr, bad), true);
       return false;
     }
@@ -496,7 +758,7 @@ void VerbsConnection::send_farewell(Code code, const std::string& reason) {
 }
 
 bool VerbsConnection::check_gone() {
-  if (!fw_arrived_ || rx_seq_ < rx_arrived_) return false;
+  if (!fw_arrived_ || rx_seq_ < rx_arrived_ || rx_done_) return false;
   if (fw_wire_code_ == 0) {
     fail_all(remote_error("verbs: {} closed its end of verbs channel {} (its communicator went "
                           "away) {}",
@@ -523,7 +785,7 @@ void VerbsConnection::fail_all(Status status, bool tell_peer) {
   // The farewell goes out first; then the QP stops, and its flushed work requests tell that
   // the HCA no longer reads the caller's buffers (registered sends are read in place).
   if (farewell_sent_) drain(kFarewellDrainMs, [&] { return farewell_done_; });
-  qp_to_error(s_.qp.qp.get());
+  for (auto& qp : s_.qp.qps) qp_to_error(qp.get());
   drain(kFailDrainMs, [&] { return sq_outstanding_ == 0; });
   if (sq_outstanding_ != 0) {
     CHORUS_WARN(kNet, "verbs: rank {}: {} work request(s) on QP {:#x} to {} were not flushed "
@@ -532,7 +794,7 @@ void VerbsConnection::fail_all(Status status, bool tell_peer) {
   }
   sends_.fail_all();
   while (written_count_ > 0) {
-    SendRequest* req = written_[written_head_].first;
+    SendRequest* req = written_[written_head_].req;
     written_head_ = (written_head_ + 1) % written_.size();
     --written_count_;
     req->fail();
@@ -546,7 +808,7 @@ std::string VerbsConnection::situation() const {
                        describe_request(recvs_.front()), s_.channel);
   }
   if (!sends_.empty() || written_count_ > 0) {
-    const SendRequest* req = written_count_ > 0 ? written_[written_head_].first : sends_.front();
+    const SendRequest* req = written_count_ > 0 ? written_[written_head_].req : sends_.front();
     return fmt::format("while rank {} was sending {} on verbs channel {}", s_.my_rank,
                        describe_request(req), s_.channel);
   }
@@ -566,10 +828,12 @@ Status VerbsConnection::corrupt(const RecvRequest* req, const std::string& what)
 
 Status VerbsConnection::wc_error(const ibv_wc& wc) const {
   const bool incoming = wc.wr_id == kWrRecv;
+  const uint32_t q = qp_index(wc.qp_num);
+  const uint32_t peer_qpn = q < nqps() ? s_.remote_qpns[q] : 0;
   return remote_error("verbs: a {} {} {} failed on {} QP {:#x} (peer QP {:#x}): {} (status {}, "
                       "vendor error {:#x}) {}",
-                      wr_name(wc.wr_id), incoming ? "from" : "to", s_.peer_label,
-                      s_.rings->device->name(), qpn(), s_.remote_qpn,
+                      wr_name(wc.wr_id & 0xff), incoming ? "from" : "to", s_.peer_label,
+                      s_.rings->device->name(), wc.qp_num, peer_qpn,
                       ibv_wc_status_str(wc.status), static_cast<int>(wc.status), wc.vendor_err,
                       situation());
 }

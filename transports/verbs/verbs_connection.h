@@ -1,7 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 // File: transports/verbs/verbs_connection.h
-// One verbs connection (peer, channel): an RC QP whose messages travel as RDMA WRITE_WITH_IMM
-// into a credit-controlled ring of slots on the receiver. README.md has the protocol.
+// One verbs connection (peer, channel): RC QPs whose messages travel as RDMA WRITE_WITH_IMM
+// into a credit-controlled ring of slots on the receiver, or, for large messages between
+// registered buffers, straight into the receiver's buffer (rendezvous). README.md has the
+// protocol.
 #pragma once
 
 #include <infiniband/verbs.h>
@@ -19,6 +21,7 @@
 #include "transports/transport.h"
 #include "transports/verbs/verbs_device.h"
 #include "transports/verbs/verbs_qp.h"
+#include "transports/verbs/verbs_stats.h"
 #include "transports/verbs/verbs_wire.h"
 
 namespace chorus::verbs {
@@ -37,21 +40,25 @@ struct Rings {
 };
 
 // A registered range's MR (a RegistrationKey): sends from it skip the copy into the staging
-// slot. Holds the device, so the PD outlives the MR.
+// slot, or go zero copy; receives into it take rendezvous messages zero copy when the peer may
+// write it (`remote_write`: read-only memory registers without). Holds the device, so the PD
+// outlives the MR.
 class MrKey final : public RegistrationKey {
  public:
-  MrKey(std::shared_ptr<Device> device, IbvPtr<ibv_mr> mr)
-      : device_(std::move(device)), mr_(std::move(mr)) {}
+  MrKey(std::shared_ptr<Device> device, IbvPtr<ibv_mr> mr, bool remote_write)
+      : device_(std::move(device)), mr_(std::move(mr)), remote_write_(remote_write) {}
   const ibv_mr* mr() const { return mr_.get(); }
+  bool remote_write() const { return remote_write_; }
 
  private:
   std::shared_ptr<Device> device_;
   IbvPtr<ibv_mr> mr_;
+  bool remote_write_;
 };
 
 struct ConnectionSetup {
   std::shared_ptr<Rings> rings;
-  QpResources qp;  // in RTS
+  QpResources qp;  // its QPs in RTS
   int my_rank = -1;
   int peer = -1;
   int channel = 0;
@@ -63,7 +70,12 @@ struct ConnectionSetup {
   uint8_t* tx_ring = nullptr;  // staging, same layout
   uint64_t remote_ring = 0;    // the peer's ring for (us, channel)
   uint32_t remote_rkey = 0;
-  uint32_t remote_qpn = 0;
+  std::vector<uint32_t> remote_qpns;  // the peer's QP for each of ours
+  // Messages of at least this many bytes from registered memory are announced (rendezvous);
+  // 0: never. Zero-copy writes are cut into pieces of at most max_write bytes.
+  uint64_t rdv_bytes = 0;
+  uint32_t max_write = 1 << 20;
+  std::shared_ptr<ByteCounters> counters;  // the instance's
 };
 
 // Not thread-safe: post_*, progress() and the queries come from one thread at a time.
@@ -89,16 +101,45 @@ class VerbsConnection final : public Connection {
   void farewell(const Status& why) override;
 
   // Setup: true once our hello was delivered and the peer's arrived and was checked.
-  bool connected() const { return hello_sent_ && hello_received_; }
-  uint32_t qpn() const { return s_.qp.qp->qp_num; }
+  bool connected() const {
+    return hellos_sent_ == nqps() && hellos_received_ == (uint32_t{1} << nqps()) - 1;
+  }
+  uint32_t qpn() const { return s_.qp.qps[0]->qp_num; }  // the first
+  uint32_t nqps() const { return static_cast<uint32_t>(s_.qp.qps.size()); }
   const std::string& peer_label() const { return s_.peer_label; }
   // The side channel (verbs_side.h) says the peer is gone: fails every pending request with
   // kRemoteError "verbs: <peer> <why> <what this rank was doing>".
   void fail_peer_gone(const std::string& why);
 
  private:
-  enum WrKind : uint64_t { kWrSlot = 1, kWrCredit, kWrHello, kWrFarewell, kWrRecv = kRecvWrId };
+  enum WrKind : uint64_t {
+    kWrSlot = 1,
+    kWrCredit,
+    kWrHello,
+    kWrFarewell,
+    kWrRecv = kRecvWrId,
+    kWrReply,
+    kWrZeroCopy,
+  };
+  static_assert(kWrRecv == 5);
   static constexpr int kBatch = 32;
+
+ public:
+  // Work requests beyond the ring's slots that a connection may have outstanding: a credit,
+  // the hello, the farewell, rendezvous replies, zero-copy writes. QPs are sized for them.
+  static constexpr uint32_t kMaxZeroCopyWrites = 8;
+  static constexpr uint32_t kExtraSendWrs = 3 + 2 + kMaxZeroCopyWrites;
+  static constexpr uint32_t kExtraRecvWrs = 2 + 2 + 2;
+
+ private:
+  // Where the front send is: not begun; cut into slots; announced and waiting for the reply;
+  // being written straight into the receiver's buffer.
+  enum class SendPhase { kFresh, kSlots, kAwaitReply, kZeroCopy };
+  struct Written {
+    SendRequest* req;
+    uint64_t slots;   // tx_seq_ after its last slot
+    uint64_t writes;  // zc_posted_ after its last zero-copy write
+  };
 
   size_t payload_bytes() const { return s_.slot_bytes - kSlotHeaderBytes; }
   uint8_t* rx_slot(uint64_t seq) const { return s_.rx_ring + (seq % s_.slots) * s_.slot_bytes; }
@@ -106,17 +147,31 @@ class VerbsConnection final : public Connection {
   uint8_t* rx_aux() const { return s_.rx_ring + size_t{s_.slots} * s_.slot_bytes; }
   uint8_t* tx_aux() const { return s_.tx_ring + size_t{s_.slots} * s_.slot_bytes; }
 
-  // Posts one send work request; false (connection failed) if the driver refuses.
+  // Posts one send work request on the first QP into the peer's ring area for us at
+  // `remote_offset` (post_write: on QP `q`, to `remote_addr` of `rkey`, with `wr_id` = a kind
+  // and, for slots, the sequence number << 8); false (connection failed) if the driver refuses.
   bool post_wr(WrKind kind, ibv_wr_opcode opcode, uint32_t imm, ibv_sge* sge, int nsge,
                uint64_t remote_offset);
-  bool post_receives(int n);
+  bool post_write(uint32_t q, uint64_t wr_id, ibv_wr_opcode opcode, uint32_t imm, ibv_sge* sge,
+                  int nsge, uint64_t remote_addr, uint32_t rkey);
+  bool post_receive(uint32_t q);
+  // Which of our QPs `qp_num` is (nqps() when none).
+  uint32_t qp_index(uint32_t qp_num) const;
   bool poll_cq();
   bool on_completion(const ibv_wc& wc);
-  bool on_receive(const ibv_wc& wc);
-  bool check_hello();
+  bool on_receive(const ibv_wc& wc, uint32_t q);
+  bool on_slot(uint32_t imm, uint32_t q, const RecvRequest* front);
+  bool check_hello(uint32_t q);
   void read_farewell();
   bool progress_sends();
+  // The front send's next work request by its phase; false when it must wait.
+  bool send_slot(SendRequest* req);
+  bool send_zero_copy(SendRequest* req);
+  bool take_reply(SendRequest* req);
+  void finish_send(SendRequest* req);
   bool progress_recvs();
+  // The front receive's answer to an announcement: zero copy when its buffer allows.
+  bool answer_announcement(RecvRequest* req, const SlotHeader& h);
   void maybe_send_credit();
   void send_farewell(Code code, const std::string& reason);
   bool check_gone();
@@ -136,10 +191,9 @@ class VerbsConnection final : public Connection {
   bool closing_ = false;
   bool farewell_sent_ = false;
   bool farewell_done_ = false;
-  bool hello_sent_ = false;
-  bool hello_received_ = false;
-  uint32_t sq_outstanding_ = 0;  // send work requests not completed
-  int recv_posted_ = 0;
+  uint32_t hellos_sent_ = 0;      // delivered, one per QP
+  uint32_t hellos_received_ = 0;  // bit q: the peer's hello over QP q came
+  uint32_t sq_outstanding_ = 0;   // send work requests not completed
   uint32_t credit_threshold_ = 1;
 
   // Sending: sends_ are posted and not yet cut into slots completely (front: send_offset_
@@ -147,22 +201,43 @@ class VerbsConnection final : public Connection {
   // their last, until that slot's write completes.
   RequestQueue<SendRequest> sends_;
   size_t send_offset_ = 0;
-  std::vector<std::pair<SendRequest*, uint64_t>> written_;
+  std::vector<Written> written_;
   size_t written_head_ = 0;
   size_t written_count_ = 0;
+  // Slot s goes over QP s % nqps(); their writes complete in order per QP only.
   uint64_t tx_seq_ = 0;     // slots posted
-  uint64_t tx_done_ = 0;    // slot writes completed
+  uint64_t tx_done_ = 0;    // slot writes completed, all those before too
+  std::vector<uint8_t> tx_landed_;  // [seq % slots]: completed beyond tx_done_
   uint64_t tx_credit_ = 0;  // slots the peer has consumed (its credits)
+  SendPhase send_phase_ = SendPhase::kFresh;
+  uint64_t announce_seq_ = 0;   // the front send's announcing slot
+  bool reply_arrived_ = false;  // the peer's RdvReply to it is in our aux area
+  uint64_t zc_addr_ = 0;        // the front send's zero-copy destination
+  uint32_t zc_rkey_ = 0;
+  ZeroCopySplit zc_split_;      // its parts, one per QP
+  uint64_t zc_piece_ = 0;       // the next piece to consider (round robin over the parts)
+  uint64_t zc_posted_ = 0;      // zero-copy writes posted
+  uint64_t zc_done_ = 0;        // and completed
 
-  // Receiving: slots [rx_seq_, rx_arrived_) have landed and wait to be consumed.
+  // Receiving: slots [rx_seq_, rx_arrived_) have landed and wait to be consumed; later ones
+  // that came over other QPs first are marked in rx_landed_. rx_next_[q]: the slot due over
+  // QP q.
   RequestQueue<RecvRequest> recvs_;
   uint64_t rx_seq_ = 0;
   uint64_t rx_arrived_ = 0;
+  std::vector<uint8_t> rx_landed_;
+  std::vector<uint64_t> rx_next_;
   bool rx_in_message_ = false;  // the front receive accepted its message's first slot
   uint64_t rx_offset_ = 0;
   uint64_t rx_total_ = 0;
   uint64_t credit_sent_ = 0;
   bool credit_in_flight_ = false;
+  // The front receive answered an announcement (slot rx_announce_seq_) with its address and
+  // waits for the last zero-copy write over each QP in rx_owed_ (rx_done_ once all came).
+  bool rx_zero_copy_ = false;
+  bool rx_done_ = false;
+  uint32_t rx_owed_ = 0;
+  uint64_t rx_announce_seq_ = 0;
 
   bool fw_arrived_ = false;
   uint32_t fw_wire_code_ = 0;  // the farewell's Status code; 0: a goodbye

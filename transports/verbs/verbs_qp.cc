@@ -23,7 +23,8 @@ uint32_t random_psn() {
 
 }  // namespace
 
-Result<QpResources> create_qp(const Device& dev, uint32_t send_depth, uint32_t recv_depth) {
+Result<QpResources> create_qps(const Device& dev, uint32_t count, uint32_t send_depth,
+                               uint32_t recv_depth) {
   QpResources r;
   r.channel.reset(ibv_create_comp_channel(dev.context()));
   if (!r.channel) {
@@ -32,52 +33,56 @@ Result<QpResources> create_qp(const Device& dev, uint32_t send_depth, uint32_t r
   const int flags = fcntl(r.channel->fd, F_GETFL);
   if (flags < 0 || fcntl(r.channel->fd, F_SETFL, flags | O_NONBLOCK) < 0)
     return system_error(errno, "verbs: making a completion channel non-blocking");
-  const int cqe = static_cast<int>(send_depth + recv_depth);
+  const int64_t cqe = int64_t{count} * (send_depth + recv_depth);
   if (cqe > dev.max_cqe() || std::max(send_depth, recv_depth) > dev.max_qp_wr()) {
     return make_status(Code::kSystemError,
                        "verbs: {} allows {} completions per CQ and {} work requests per queue; "
-                       "{} send + {} receive requested (lower CHORUS_IB_SLOTS)",
-                       dev.name(), dev.max_cqe(), dev.max_qp_wr(), send_depth, recv_depth);
+                       "{} QPs of {} send + {} receive requested (lower CHORUS_IB_SLOTS or "
+                       "NCCL_IB_QPS_PER_CONNECTION)",
+                       dev.name(), dev.max_cqe(), dev.max_qp_wr(), count, send_depth, recv_depth);
   }
-  r.cq.reset(ibv_create_cq(dev.context(), cqe, nullptr, r.channel.get(), 0));
+  r.cq.reset(ibv_create_cq(dev.context(), static_cast<int>(cqe), nullptr, r.channel.get(), 0));
   if (!r.cq) return system_error(errno, fmt::format("verbs: ibv_create_cq({}) on {}", cqe, dev.name()));
-  ibv_qp_init_attr init{};
-  init.send_cq = r.cq.get();
-  init.recv_cq = r.cq.get();
-  init.qp_type = IBV_QPT_RC;
-  init.sq_sig_all = 0;
-  init.cap.max_send_wr = send_depth;
-  init.cap.max_recv_wr = recv_depth;
-  init.cap.max_send_sge = 2;
-  init.cap.max_recv_sge = 1;
-  r.qp.reset(ibv_create_qp(dev.pd(), &init));
-  if (!r.qp) return system_error(errno, fmt::format("verbs: ibv_create_qp on {}", dev.name()));
   // What we use, not what the driver granted (it may round up): the CQ is sized for these.
   r.send_depth = send_depth;
   r.recv_depth = recv_depth;
-  ibv_qp_attr a{};
-  a.qp_state = IBV_QPS_INIT;
-  a.pkey_index = 0;
-  a.port_num = dev.port();
-  a.qp_access_flags = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE;
-  if (int rc = ibv_modify_qp(r.qp.get(), &a,
-                             IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS);
-      rc != 0) {
-    return system_error(rc, fmt::format("verbs: QP {:#x} on {} to INIT", r.qp->qp_num, dev.name()));
-  }
-  // Every receive is posted before the peer can write (the QP reaches RTR later): 0-SGE, as
-  // WRITE_WITH_IMM and the 0-byte credit SENDs carry only immediate data.
-  for (uint32_t i = 0; i < r.recv_depth; ++i) {
-    ibv_recv_wr wr{};
-    ibv_recv_wr* bad = nullptr;
-    wr.wr_id = kRecvWrId;
-    wr.num_sge = 0;
-    if (int rc = ibv_post_recv(r.qp.get(), &wr, &bad); rc != 0) {
-      return system_error(rc, fmt::format("verbs: posting receive {} of {} on QP {:#x}", i,
-                                          r.recv_depth, r.qp->qp_num));
+  for (uint32_t n = 0; n < count; ++n) {
+    ibv_qp_init_attr init{};
+    init.send_cq = r.cq.get();
+    init.recv_cq = r.cq.get();
+    init.qp_type = IBV_QPT_RC;
+    init.sq_sig_all = 0;
+    init.cap.max_send_wr = send_depth;
+    init.cap.max_recv_wr = recv_depth;
+    init.cap.max_send_sge = 2;
+    init.cap.max_recv_sge = 1;
+    IbvPtr<ibv_qp> qp(ibv_create_qp(dev.pd(), &init));
+    if (!qp) return system_error(errno, fmt::format("verbs: ibv_create_qp on {}", dev.name()));
+    ibv_qp_attr a{};
+    a.qp_state = IBV_QPS_INIT;
+    a.pkey_index = 0;
+    a.port_num = dev.port();
+    a.qp_access_flags = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE;
+    if (int rc = ibv_modify_qp(qp.get(), &a,
+                               IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS);
+        rc != 0) {
+      return system_error(rc, fmt::format("verbs: QP {:#x} on {} to INIT", qp->qp_num, dev.name()));
     }
+    // Every receive is posted before the peer can write (the QP reaches RTR later): 0-SGE, as
+    // WRITE_WITH_IMM and the 0-byte credit SENDs carry only immediate data.
+    for (uint32_t i = 0; i < r.recv_depth; ++i) {
+      ibv_recv_wr wr{};
+      ibv_recv_wr* bad = nullptr;
+      wr.wr_id = kRecvWrId;
+      wr.num_sge = 0;
+      if (int rc = ibv_post_recv(qp.get(), &wr, &bad); rc != 0) {
+        return system_error(rc, fmt::format("verbs: posting receive {} of {} on QP {:#x}", i,
+                                            r.recv_depth, qp->qp_num));
+      }
+    }
+    r.qps.push_back(std::move(qp));
+    r.psns.push_back(random_psn());
   }
-  r.psn = random_psn();
   return r;
 }
 

@@ -1,12 +1,14 @@
 // SPDX-License-Identifier: Apache-2.0
 // File: transports/verbs/verbs_qp.h
-// One RC queue pair with its own completion queue and completion channel, and its state
-// transitions (RESET -> INIT at creation, -> RTR -> RTS once the peer's QP number is known).
+// The RC queue pairs of one connection (NCCL_IB_QPS_PER_CONNECTION of them) with their shared
+// completion queue and completion channel, and their state transitions (RESET -> INIT at
+// creation, -> RTR -> RTS once the peer's QP numbers are known).
 #pragma once
 
 #include <infiniband/verbs.h>
 
 #include <cstdint>
+#include <vector>
 
 #include "common/status.h"
 #include "transports/verbs/verbs_device.h"
@@ -14,22 +16,24 @@
 
 namespace chorus::verbs {
 
-// Members are destroyed QP first, then CQ, then channel.
+// Members are destroyed QPs first, then CQ, then channel.
 struct QpResources {
   IbvPtr<ibv_comp_channel> channel;  // non-blocking fd
-  IbvPtr<ibv_cq> cq;                 // send and receive completions of qp
-  IbvPtr<ibv_qp> qp;
-  uint32_t psn = 0;          // our initial send PSN
-  uint32_t send_depth = 0;   // max_send_wr granted
-  uint32_t recv_depth = 0;   // max_recv_wr granted
+  IbvPtr<ibv_cq> cq;                 // send and receive completions of every QP
+  std::vector<IbvPtr<ibv_qp>> qps;
+  std::vector<uint32_t> psns;  // our initial send PSN of each
+  uint32_t send_depth = 0;     // max_send_wr of each QP
+  uint32_t recv_depth = 0;     // max_recv_wr of each QP
 };
 
 // The wr_id of every receive work request.
 inline constexpr uint64_t kRecvWrId = 5;
 
-// A QP in INIT (remote writes allowed) with `send_depth` / `recv_depth` work requests, two
-// send SGEs, and a CQ for both; every receive is posted (0-SGE, id kRecvWrId). kSystemError naming the device when the driver refuses.
-Result<QpResources> create_qp(const Device& dev, uint32_t send_depth, uint32_t recv_depth);
+// `count` QPs in INIT (remote writes allowed), each with `send_depth` / `recv_depth` work
+// requests and two send SGEs, and one CQ for all; every receive is posted (0-SGE, id
+// kRecvWrId). kSystemError naming the device when the driver refuses.
+Result<QpResources> create_qps(const Device& dev, uint32_t count, uint32_t send_depth,
+                               uint32_t recv_depth);
 
 // INIT -> RTR towards the peer's QP `peer_qpn` whose first PSN is `peer_psn`, then -> RTS.
 // Path MTU: the smaller active MTU of the two ports.

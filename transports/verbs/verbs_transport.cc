@@ -9,6 +9,7 @@
 #include <sys/mman.h>
 
 #include <cerrno>
+#include <algorithm>
 #include <cstring>
 #include <vector>
 
@@ -43,19 +44,26 @@ class VerbsInstance final : public TransportInstance {
   Result<ConnectionTable> connect(const std::vector<EndpointInfo>& all,
                                   const std::vector<int>& peers, Deadline deadline) override;
 
-  // A registered range's MR (MrKey): sends from it are read in place. Local read access only,
-  // so read-only memory registers too.
+  // A registered range's MR (MrKey): sends from it are read in place, receives into it take
+  // rendezvous messages written by the peer. Read-only memory cannot be registered for
+  // writing: it gets an MR for local reads (sends) only.
   KeyFactory key_factory() override {
     return [dev = device_](const RegisteredRange& range)
                -> Result<std::unique_ptr<RegistrationKey>> {
-      IbvPtr<ibv_mr> mr(ibv_reg_mr(dev->pd(), const_cast<void*>(range.base), range.bytes, 0));
+      void* base = const_cast<void*>(range.base);
+      IbvPtr<ibv_mr> mr(ibv_reg_mr(dev->pd(), base, range.bytes,
+                                   IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE));
+      const bool writable = mr != nullptr;
+      if (!mr) mr.reset(ibv_reg_mr(dev->pd(), base, range.bytes, 0));
       if (!mr) {
         return system_error(errno, fmt::format("verbs: ibv_reg_mr of {} bytes at {} on {}",
                                                range.bytes, range.base, dev->name()));
       }
-      return std::unique_ptr<RegistrationKey>(new MrKey(dev, std::move(mr)));
+      return std::unique_ptr<RegistrationKey>(new MrKey(dev, std::move(mr), writable));
     };
   }
+
+  ByteCounts byte_counts() const { return counters_->get(); }
 
  private:
   size_t index(int rank, int channel) const {
@@ -71,12 +79,13 @@ class VerbsInstance final : public TransportInstance {
   VerbsOptions options_;
   std::shared_ptr<Device> device_;
   std::shared_ptr<Rings> rings_;
-  std::vector<QpResources> qps_;  // [rank * channels + channel]; empty for our own rank
+  std::vector<QpResources> qps_;  // [rank * channels + channel]: its QPs; none for our own rank
   UniqueFd side_listener_;        // side channels (verbs_side.h) from lower-ranked peers
   // One per connected peer; the connections share them, and they close after the connections
   // (whose goodbyes go first).
   std::vector<std::shared_ptr<SideChannel>> sides_;
   std::string blob_;
+  std::shared_ptr<ByteCounters> counters_ = std::make_shared<ByteCounters>();
 };
 
 Status VerbsInstance::init() {
@@ -105,10 +114,11 @@ Status VerbsInstance::init() {
                                            "(ulimit -l?)",
                                            rings_->bytes, device_->name()));
   }
-  // Send queue: every slot, a credit, the hello and the farewell. Receive queue: every slot,
-  // as many credits (each stands for at least one consumed slot), the hello and the farewell.
-  const uint32_t send_depth = options_.slots + 4;
-  const uint32_t recv_depth = 2 * options_.slots + 4;
+  // Send queue: every slot, a credit, the hello, the farewell, rendezvous replies and
+  // zero-copy writes. Receive queue: every slot, as many credits (each stands for at least one
+  // consumed slot), the hello, the farewell, rendezvous replies and ends.
+  const uint32_t send_depth = options_.slots + 1 + VerbsConnection::kExtraSendWrs;
+  const uint32_t recv_depth = 2 * options_.slots + VerbsConnection::kExtraRecvWrs;
   BlobInfo b;
   b.link_layer = static_cast<uint8_t>(device_->port_attr().link_layer);
   b.mtu = static_cast<uint8_t>(device_->port_attr().active_mtu);
@@ -119,15 +129,18 @@ Status VerbsInstance::init() {
   b.channels = static_cast<uint32_t>(ctx_.channels);
   b.slots = options_.slots;
   b.slot_bytes = options_.slot_bytes;
+  b.qps_per_connection = options_.qps_per_connection;
   b.ring_base = reinterpret_cast<uintptr_t>(rings_->rx);
   b.ring_rkey = rings_->rx_mr->rkey;
   std::memcpy(b.gid.data(), device_->gid().raw, 16);
-  b.qps.resize(entries);
+  const uint32_t n = options_.qps_per_connection;
+  b.qps.resize(entries * n);
   qps_.resize(entries);
   for (int r = 0; r < ctx_.nranks; ++r) {
     for (int c = 0; r != ctx_.rank && c < ctx_.channels; ++c) {
-      CHORUS_ASSIGN_OR_RETURN(QpResources q, create_qp(*device_, send_depth, recv_depth));
-      b.qps[index(r, c)] = QpEntry{q.qp->qp_num, q.psn};
+      CHORUS_ASSIGN_OR_RETURN(QpResources q, create_qps(*device_, n, send_depth, recv_depth));
+      for (uint32_t i = 0; i < n; ++i)
+        b.qps[index(r, c) * n + i] = QpEntry{q.qps[i]->qp_num, q.psns[i]};
       qps_[index(r, c)] = std::move(q);
     }
   }
@@ -141,16 +154,15 @@ Status VerbsInstance::init() {
                             ctx_.nranks, ctx_.channels, blob_.size(), kMaxTransportBlob);
   }
   CHORUS_INFO(kNet, "verbs: {} on {}: {} QPs, rings of {} x {} bytes ({} MiB registered)",
-              ctx_.comm_label, device_->describe(), (ctx_.nranks - 1) * ctx_.channels,
+              ctx_.comm_label, device_->describe(), (ctx_.nranks - 1) * ctx_.channels * n,
               options_.slots, options_.slot_bytes, 2 * rings_->bytes >> 20);
   return ok_status();
 }
 
 void VerbsInstance::release_unused() {
   for (QpResources& q : qps_) {
-    if (!q.qp) continue;
-    qp_to_error(q.qp.get());
-    q.qp.reset();  // before its CQ; its flushed receives go with the CQ
+    for (auto& qp : q.qps) qp_to_error(qp.get());
+    q.qps.clear();  // before their CQ; their flushed receives go with the CQ
   }
   qps_.clear();
 }
@@ -188,7 +200,7 @@ Result<ConnectionTable> VerbsInstance::connect(const std::vector<EndpointInfo>& 
     CHORUS_RETURN_IF_ERROR(split_side_address(info.blob, &verbs_blob, &side_addr, info.describe()));
     BlobExpect expect{static_cast<uint32_t>(r), static_cast<uint32_t>(ctx_.nranks),
                       static_cast<uint32_t>(ctx_.channels), options_.slots, options_.slot_bytes,
-                      static_cast<uint32_t>(ctx_.rank)};
+                      static_cast<uint32_t>(ctx_.rank), options_.qps_per_connection};
     CHORUS_ASSIGN_OR_RETURN(blobs[i], parse_blob(verbs_blob, expect, info.describe()));
     const BlobInfo& b = blobs[i];
     if (b.link_layer != device_->port_attr().link_layer) {
@@ -197,7 +209,7 @@ Result<ConnectionTable> VerbsInstance::connect(const std::vector<EndpointInfo>& 
                           ctx_.rank, device_->roce() ? "Ethernet" : "InfiniBand");
     }
     for (int c = 0; c < ctx_.channels; ++c) {
-      if (!qps_[index(r, c)].qp)
+      if (qps_[index(r, c)].qps.empty())
         return invalid_argument("verbs: rank {} connected twice to rank {}", ctx_.rank, r);
     }
     side.peers.push_back(SidePeer{r, side_addr, info.describe()});
@@ -209,9 +221,11 @@ Result<ConnectionTable> VerbsInstance::connect(const std::vector<EndpointInfo>& 
   for (size_t i = 0; i < peers.size(); ++i) {
     for (int c = 0; c < ctx_.channels; ++c) {
       QpResources& q = qps_[index(peers[i], c)];
-      const QpEntry& theirs = blobs[i].qps[index(ctx_.rank, c)];
-      CHORUS_RETURN_IF_ERROR(
-          connect_qp(*device_, q.qp.get(), q.psn, blobs[i], theirs.qpn, theirs.psn, settings));
+      for (size_t k = 0; k < q.qps.size(); ++k) {
+        const QpEntry& theirs = blobs[i].qps[index(ctx_.rank, c) * q.qps.size() + k];
+        CHORUS_RETURN_IF_ERROR(connect_qp(*device_, q.qps[k].get(), q.psns[k], blobs[i],
+                                          theirs.qpn, theirs.psn, settings));
+      }
     }
   }
   CHORUS_RETURN_IF_ERROR(exchange_ready(ctx_.rank, sides_, deadline));
@@ -223,7 +237,9 @@ Result<ConnectionTable> VerbsInstance::connect(const std::vector<EndpointInfo>& 
     const int r = peers[i];
     const BlobInfo& b = blobs[i];
     for (int c = 0; c < ctx_.channels; ++c) {
-      const QpEntry& theirs = b.qps[index(ctx_.rank, c)];
+      const size_t nqp = qps_[index(r, c)].qps.size();
+      std::vector<uint32_t> remote_qpns;
+      for (size_t k = 0; k < nqp; ++k) remote_qpns.push_back(b.qps[index(ctx_.rank, c) * nqp + k].qpn);
       ConnectionSetup s;
       s.rings = rings_;
       s.qp = std::move(qps_[index(r, c)]);
@@ -238,7 +254,11 @@ Result<ConnectionTable> VerbsInstance::connect(const std::vector<EndpointInfo>& 
       s.tx_ring = static_cast<uint8_t*>(rings_->tx) + index(r, c) * stride();
       s.remote_ring = b.ring_base + index(ctx_.rank, c) * stride();
       s.remote_rkey = b.ring_rkey;
-      s.remote_qpn = theirs.qpn;
+      s.remote_qpns = std::move(remote_qpns);
+      s.rdv_bytes = options_.rdv_bytes;
+      s.max_write = static_cast<uint32_t>(
+          std::min<uint64_t>(uint64_t{1} << 20, device_->port_attr().max_msg_sz));
+      s.counters = counters_;
       cq_fds[i].push_back(s.qp.channel->fd);
       auto conn = std::make_unique<VerbsConnection>(std::move(s));
       if (!conn->error().ok()) return conn->error();
@@ -308,7 +328,14 @@ VerbsOptions options_from_params() {
   VerbsOptions o;
   o.slots = static_cast<uint32_t>(params::kIbSlots.get());
   o.slot_bytes = static_cast<uint32_t>(params::kIbSlotBytes.get());
+  o.rdv_bytes = static_cast<uint64_t>(params::kIbRdvBytes.get());
+  o.qps_per_connection = static_cast<uint32_t>(params::kIbQpsPerConnection.get());
   return o;
+}
+
+ByteCounts instance_byte_counts(const TransportInstance& instance) {
+  const auto* v = dynamic_cast<const VerbsInstance*>(&instance);
+  return v != nullptr ? v->byte_counts() : ByteCounts{};
 }
 
 Result<std::unique_ptr<TransportInstance>> open_instance(const TransportContext& ctx,
@@ -321,16 +348,22 @@ Result<std::unique_ptr<TransportInstance>> open_instance(const TransportContext&
                             options.slots, options.slot_bytes, kMinSlots, kMaxSlots,
                             kMinSlotBytes, kMaxSlotBytes);
   }
+  if (options.qps_per_connection < 1 || options.qps_per_connection > kMaxQpsPerConnection) {
+    return invalid_argument("verbs: {} QPs per connection (NCCL_IB_QPS_PER_CONNECTION: 1..{})",
+                            options.qps_per_connection, kMaxQpsPerConnection);
+  }
   if (ctx.channels < 1 || ctx.channels > kMaxChannels) {
     return invalid_argument("verbs: {} channels (must be 1..{})", ctx.channels, kMaxChannels);
   }
   if (ctx.rank < 0 || ctx.rank >= ctx.nranks) {
     return invalid_argument("verbs: rank {} of {}", ctx.rank, ctx.nranks);
   }
-  if (static_cast<size_t>(ctx.nranks) * static_cast<size_t>(ctx.channels) > kMaxEntries) {
-    return invalid_argument("verbs: {} ranks x {} channels need more QPs than a blob can name "
-                            "({} at most)",
-                            ctx.nranks, ctx.channels, kMaxEntries);
+  if (static_cast<size_t>(ctx.nranks) * static_cast<size_t>(ctx.channels) *
+          options.qps_per_connection >
+      kMaxEntries) {
+    return invalid_argument("verbs: {} ranks x {} channels x {} QPs per connection need more QPs "
+                            "than a blob can name ({} at most)",
+                            ctx.nranks, ctx.channels, options.qps_per_connection, kMaxEntries);
   }
   CHORUS_ASSIGN_OR_RETURN(HcaFilter filter, parse_hca_filter(params::kIbHca.get()));
   CHORUS_ASSIGN_OR_RETURN(std::shared_ptr<Device> device,

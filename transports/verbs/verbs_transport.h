@@ -10,13 +10,18 @@
 
 #include "common/status.h"
 #include "transports/registry.h"
+#include "transports/verbs/verbs_stats.h"
 
 namespace chorus::verbs {
 
-// Ring geometry; the registered transport reads CHORUS_IB_SLOTS and CHORUS_IB_SLOT_BYTES.
+// Ring geometry, the rendezvous threshold and the QPs per connection; the registered transport
+// reads CHORUS_IB_SLOTS, CHORUS_IB_SLOT_BYTES, CHORUS_IB_RDV_BYTES and
+// NCCL_IB_QPS_PER_CONNECTION.
 struct VerbsOptions {
   uint32_t slots = 16;
   uint32_t slot_bytes = 64 << 10;
+  uint64_t rdv_bytes = 64 << 10;  // 0: never
+  uint32_t qps_per_connection = 1;  // 1..kMaxQpsPerConnection; equal on every rank
 };
 VerbsOptions options_from_params();
 
@@ -26,6 +31,9 @@ VerbsOptions options_from_params();
 // communicator too large for the blob; kSystemError when the device refuses resources.
 Result<std::unique_ptr<TransportInstance>> open_instance(const TransportContext& ctx,
                                                          const VerbsOptions& options);
+
+// The payload bytes `instance` (a verbs instance) moved through rings and zero copy so far.
+ByteCounts instance_byte_counts(const TransportInstance& instance);
 
 // Registers the transport "verbs" (called by the generated transports/builtin.cc).
 void register_transport();

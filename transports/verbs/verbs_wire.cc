@@ -27,6 +27,7 @@ std::string encode_blob(const BlobInfo& info) {
   p[7] = info.mtu;
   put_u16(p + 8, info.lid);
   p[10] = info.port;
+  p[11] = static_cast<uint8_t>(info.qps_per_connection);
   put_u32(p + 12, info.rank);
   put_u32(p + 16, info.nranks);
   put_u32(p + 20, info.channels);
@@ -62,6 +63,7 @@ Result<BlobInfo> parse_blob(std::string_view bytes, const BlobExpect& expect,
   b.mtu = p[7];
   b.lid = get_u16(p + 8);
   b.port = p[10];
+  b.qps_per_connection = p[11];
   b.rank = get_u32(p + 12);
   b.nranks = get_u32(p + 16);
   b.channels = get_u32(p + 20);
@@ -71,7 +73,15 @@ Result<BlobInfo> parse_blob(std::string_view bytes, const BlobExpect& expect,
   b.ring_rkey = get_u32(p + 40);
   const uint32_t entries = get_u32(p + 44);
   std::memcpy(b.gid.data(), p + 48, 16);
-  if (p[11] != 0) return bad("reserved byte set");
+  if (b.qps_per_connection < 1 || b.qps_per_connection > kMaxQpsPerConnection) {
+    return bad(fmt::format("{} QPs per connection", b.qps_per_connection));
+  }
+  if (b.qps_per_connection != expect.qps_per_connection) {
+    return remote_error("verbs: {} uses {} QPs per connection, this rank {}; set "
+                        "NCCL_IB_QPS_PER_CONNECTION (or CHORUS_IB_QPS_PER_CONNECTION) alike on "
+                        "every rank",
+                        who, b.qps_per_connection, expect.qps_per_connection);
+  }
   if (b.link_layer != 1 && b.link_layer != 2) return bad(fmt::format("link layer {}", b.link_layer));
   if (b.mtu < 1 || b.mtu > 5) return bad(fmt::format("MTU code {}", b.mtu));
   if (b.port == 0) return bad("port 0");
@@ -95,15 +105,16 @@ Result<BlobInfo> parse_blob(std::string_view bytes, const BlobExpect& expect,
       b.slot_bytes > kMaxSlotBytes || b.slot_bytes % 64 != 0) {
     return bad(fmt::format("ring of {} slots of {} bytes", b.slots, b.slot_bytes));
   }
-  if (uint64_t{b.nranks} * b.channels > kMaxEntries || entries != b.nranks * b.channels) {
-    return bad(fmt::format("{} QP entries for {} ranks x {} channels", entries, b.nranks,
-                           b.channels));
+  const uint64_t want = uint64_t{b.nranks} * b.channels * b.qps_per_connection;
+  if (want > kMaxEntries || entries != want) {
+    return bad(fmt::format("{} QP entries for {} ranks x {} channels x {} QPs", entries, b.nranks,
+                           b.channels, b.qps_per_connection));
   }
   if (bytes.size() != kBlobHeaderBytes + size_t{entries} * kBlobEntryBytes) {
     return bad(fmt::format("{} bytes for {} QP entries", bytes.size(), entries));
   }
-  // The whole ring region must lie in the address space: base + entries x stride, no wrap.
-  const uint64_t region = ring_stride(b.slots, b.slot_bytes) * entries;
+  // The whole ring region must lie in the address space: base + rings x stride, no wrap.
+  const uint64_t region = ring_stride(b.slots, b.slot_bytes) * (entries / b.qps_per_connection);
   if (b.ring_base == 0 || b.ring_base > UINT64_MAX - region) {
     return bad(fmt::format("ring base {:#x}", b.ring_base));
   }
@@ -111,28 +122,43 @@ Result<BlobInfo> parse_blob(std::string_view bytes, const BlobExpect& expect,
   for (uint32_t i = 0; i < entries; ++i) {
     const uint8_t* e = p + kBlobHeaderBytes + size_t{i} * kBlobEntryBytes;
     b.qps[i] = QpEntry{get_u32(e), get_u32(e + 4)};
-    const bool own = i / b.channels == b.rank;
+    const uint32_t rank = i / b.qps_per_connection / b.channels;
+    const bool own = rank == b.rank;
     if (b.qps[i].qpn > 0xffffff || b.qps[i].psn > 0xffffff || (own && b.qps[i].qpn != 0)) {
       return bad(fmt::format("QP entry {}: qpn {:#x} psn {:#x}", i, b.qps[i].qpn, b.qps[i].psn));
     }
-    if (i / b.channels == expect.my_rank && b.qps[i].qpn == 0) {
-      return bad(fmt::format("no QP for rank {} channel {}", expect.my_rank, i % b.channels));
+    if (rank == expect.my_rank && b.qps[i].qpn == 0) {
+      return bad(fmt::format("no QP for rank {} channel {}", expect.my_rank,
+                             i / b.qps_per_connection % b.channels));
     }
   }
   return b;
 }
 
-std::string check_slot(const SlotHeader& h, uint64_t seq, uint64_t offset, uint64_t total,
-                       size_t slot_bytes) {
+std::string check_slot(const SlotHeader& h, uint64_t seq, bool in_message, uint64_t offset,
+                       uint64_t total, size_t slot_bytes) {
   if (h.magic != kSlotMagic) return fmt::format("a slot with magic {:#010x}", h.magic);
   if (h.seq != seq) return fmt::format("slot {} where slot {} was due", h.seq, seq);
+  if ((h.flags & ~kSlotAnnounce) != 0 || h.reserved != 0) {
+    return fmt::format("a slot with flags {:#x} (reserved {:#x})", h.flags, h.reserved);
+  }
+  if (h.flags == kSlotAnnounce) {
+    if (in_message) return "an announcement in the middle of a message";
+    if (h.payload != 0 || h.offset != 0 || h.total == 0) {
+      return fmt::format("an announcement of a {}-byte message with {} payload bytes at offset "
+                         "{}",
+                         h.total, h.payload, h.offset);
+    }
+    return "";
+  }
   if (h.payload > slot_bytes - kSlotHeaderBytes) {
     return fmt::format("a slot claiming {} payload bytes", h.payload);
   }
+  if (!in_message) offset = 0;
   if (h.offset != offset) {
     return fmt::format("a slot at message offset {} where offset {} was due", h.offset, offset);
   }
-  if (offset != 0 && h.total != total) {
+  if (in_message && h.total != total) {
     return fmt::format("a slot of a {}-byte message in the middle of a {}-byte one", h.total,
                        total);
   }
@@ -145,6 +171,36 @@ std::string check_slot(const SlotHeader& h, uint64_t seq, uint64_t offset, uint6
     return fmt::format("a partial slot of {} bytes in the middle of a message", h.payload);
   }
   return "";
+}
+
+std::string check_reply(const RdvReply& r, uint64_t seq, uint64_t bytes) {
+  if (r.magic != kRdvReplyMagic) return fmt::format("a rendezvous reply with magic {:#010x}", r.magic);
+  if (r.seq != seq) {
+    return fmt::format("a rendezvous reply to the announcement in slot {} where slot {} was due",
+                       r.seq, seq);
+  }
+  if (r.bytes != bytes) {
+    return fmt::format("a rendezvous reply for {} bytes to an announcement of {}", r.bytes, bytes);
+  }
+  if (r.reserved != 0 || r.reserved2 != 0) return "a rendezvous reply with reserved fields set";
+  if (r.mode == kRdvRing) {
+    if (r.addr != 0 || r.rkey != 0) return "a rendezvous reply 'through the ring' with an address";
+    return "";
+  }
+  if (r.mode != kRdvZeroCopy) return fmt::format("a rendezvous reply of mode {}", r.mode);
+  if (r.addr == 0 || r.addr > UINT64_MAX - r.bytes) {
+    return fmt::format("a rendezvous reply to write {} bytes at {:#x}", r.bytes, r.addr);
+  }
+  return "";
+}
+
+ZeroCopySplit zero_copy_split(uint64_t bytes, uint32_t qps) {
+  ZeroCopySplit z;
+  if (bytes == 0 || qps == 0) return z;
+  const uint64_t share = (bytes + qps - 1) / qps;
+  z.part = (share + 4095) / 4096 * 4096;
+  z.parts = static_cast<uint32_t>((bytes + z.part - 1) / z.part);
+  return z;
 }
 
 bool HcaFilter::matches(std::string_view device, int port) const {
