@@ -127,6 +127,8 @@ class WatchedConnection final : public Connection {
   bool peek(MsgTag* tag, uint64_t* bytes) override;
   const char* transport_name() const override { return "verbs"; }
   void farewell(const Status& why) override;
+  // The watched connection (tests look at its QPs).
+  const VerbsConnection& inner() const { return *inner_; }
 
   static constexpr int kGraceMs = 200;
 
