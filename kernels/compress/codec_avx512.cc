@@ -1,0 +1,235 @@
+// SPDX-License-Identifier: Apache-2.0
+// File: kernels/compress/codec_avx512.cc
+// The AVX-512 (F, BW, VL) block codecs: 16 elements per step, through the loops of
+// codec_driver.h. Bit-identical to codec_scalar.cc; the lane derivations are in codec_avx2.cc.
+#if defined(__x86_64__)
+
+// GCC 12's AVX-512 intrinsics trip -W(maybe-)uninitialized (GCC bug 105593), see
+// kernels/reduce/reduce_avx512.cc.
+#pragma GCC diagnostic push
+#if !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+#include <immintrin.h>
+#pragma GCC diagnostic pop
+
+#include <cfloat>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+
+#include "kernels/compress/block_codec.h"
+#include "kernels/compress/codec_common.h"
+#include "kernels/fp8/convert.h"
+
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx2,f16c,avx512f,avx512bw,avx512vl"))), apply_to = function)
+#else
+#pragma GCC push_options
+#pragma GCC target("avx2,f16c,avx512f,avx512bw,avx512vl")
+#endif
+
+#include "kernels/compress/codec_driver.h"
+
+namespace chorus::kernels::avx512_codec {
+namespace {
+
+using codec::Byte;
+
+CHORUS_CODEC_INLINE __m512i splat32(uint32_t v) { return _mm512_set1_epi32(static_cast<int>(v)); }
+CHORUS_CODEC_INLINE __m256i splat16(uint16_t v) { return _mm256_set1_epi16(static_cast<short>(v)); }
+
+CHORUS_CODEC_INLINE __m512i fmix32(__m512i h) {
+  h = _mm512_xor_si512(h, _mm512_srli_epi32(h, 16));
+  h = _mm512_mullo_epi32(h, splat32(0x85ebca6bu));
+  h = _mm512_xor_si512(h, _mm512_srli_epi32(h, 13));
+  h = _mm512_mullo_epi32(h, splat32(0xc2b2ae35u));
+  return _mm512_xor_si512(h, _mm512_srli_epi32(h, 16));
+}
+
+// code | the sign of the float bits u, as 0x80 (vpternlogd: code | (u >> 24 & 0x80)).
+CHORUS_CODEC_INLINE __m512i or_sign(__m512i code, __m512i u) {
+  return _mm512_ternarylogic_epi32(code, _mm512_srli_epi32(u, 24), splat32(0x80), 0xf8);
+}
+
+// 16 finite floats -> 16 fp8 codes, round to nearest even, as Fp8Format::encode (see
+// f32_to_fp8_rne in codec_avx2.cc).
+template <class Fmt>
+CHORUS_CODEC_INLINE __m512i f32_to_fp8_rne(__m512 x) {
+  constexpr int kShift = 23 - Fmt::kMan;
+  constexpr uint32_t kMinNormal = static_cast<uint32_t>(128 - Fmt::kBias) << 23;
+  constexpr uint32_t kSubnormalScale = static_cast<uint32_t>(127 + Fmt::kBias - 1 + Fmt::kMan)
+                                       << 23;
+  const __m512i u = _mm512_castps_si512(x);
+  const __m512i abs = _mm512_and_si512(u, splat32(0x7fffffff));
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(abs, kShift), splat32(1));
+  const __m512i rounded =
+      _mm512_add_epi32(abs, _mm512_add_epi32(lsb, splat32((1u << (kShift - 1)) - 1)));
+  const __m512i normal =
+      _mm512_sub_epi32(_mm512_srli_epi32(rounded, kShift),
+                       splat32(static_cast<uint32_t>(127 - Fmt::kBias) << Fmt::kMan));
+  const __m512 scaled =
+      _mm512_mul_ps(_mm512_castsi512_ps(abs), _mm512_castsi512_ps(splat32(kSubnormalScale)));
+  const __m512i subnormal =
+      _mm512_cvt_roundps_epi32(scaled, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512i code = _mm512_mask_blend_epi32(_mm512_cmpgt_epi32_mask(abs, splat32(kMinNormal - 1)),
+                                         subnormal, normal);
+  code = _mm512_min_epu32(code, splat32(Fmt::kMaxCode));
+  return or_sign(code, u);
+}
+
+// 16 floats -> 16 fp8 codes, stochastic rounding with the words r, as
+// codec::encode_stochastic (the derivation is there).
+template <class Fmt>
+CHORUS_CODEC_INLINE __m512i f32_to_fp8_sr(__m512 x, __m512i r) {
+  constexpr int kShift = 23 - Fmt::kMan;
+  constexpr uint32_t kMinNormal = static_cast<uint32_t>(128 - Fmt::kBias) << 23;
+  constexpr uint32_t kSubnormalScale = static_cast<uint32_t>(127 + Fmt::kBias - 1 + Fmt::kMan)
+                                       << 23;
+  const __m512i u = _mm512_castps_si512(x);
+  const __m512i abs = _mm512_and_si512(u, splat32(0x7fffffff));
+  const __m512i dither = _mm512_and_si512(r, splat32((1u << kShift) - 1));
+  const __m512i normal =
+      _mm512_sub_epi32(_mm512_srli_epi32(_mm512_add_epi32(abs, dither), kShift),
+                       splat32(static_cast<uint32_t>(127 - Fmt::kBias) << Fmt::kMan));
+  const __m512 scaled =
+      _mm512_mul_ps(_mm512_castsi512_ps(abs), _mm512_castsi512_ps(splat32(kSubnormalScale)));
+  const __m512 uniform =
+      _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(r, 8)), _mm512_set1_ps(0x1p-24f));
+  const __m512i subnormal = _mm512_cvttps_epi32(_mm512_add_ps(scaled, uniform));
+  __m512i code = _mm512_mask_blend_epi32(_mm512_cmpgt_epi32_mask(abs, splat32(kMinNormal - 1)),
+                                         subnormal, normal);
+  code = _mm512_maskz_mov_epi32(_mm512_cmpgt_epi32_mask(abs, splat32(0x007fffff)), code);
+  code = _mm512_min_epu32(code, splat32(Fmt::kMaxCode));
+  return or_sign(code, u);
+}
+
+// 16 fp8 codes -> 16 halves (see fp8_to_half16 in kernels/reduce/reduce_avx2.cc): e5m2 is the
+// top byte of a half; e4m3's magnitude shifted into a half is its value / 256 (exact, subnormals
+// included); e4m3's NaN code becomes a half NaN.
+template <class Fmt>
+CHORUS_CODEC_INLINE __m256i fp8_to_half16(__m128i codes) {
+  const __m256i x = _mm256_cvtepu8_epi16(codes);
+  if constexpr (Fmt::kHasInf) {
+    return _mm256_slli_epi16(x, 8);
+  } else {
+    const __m256i mag = _mm256_and_si256(x, splat16(0x7f));
+    const __m256i h = _mm256_or_si256(_mm256_slli_epi16(mag, 7),
+                                      _mm256_slli_epi16(_mm256_and_si256(x, splat16(0x80)), 8));
+    return _mm256_mask_blend_epi16(_mm256_cmpeq_epi16_mask(mag, splat16(0x7f)), h,
+                                   _mm256_or_si256(h, splat16(0x7e00)));
+  }
+}
+
+// 16 floats -> 16 bfloat16 as float_to_bf16 (NaNs quieted, the rest rounded to nearest even).
+CHORUS_CODEC_INLINE __m256i f32_to_bf16(__m512 x) {
+  const __m512i u = _mm512_castps_si512(x);
+  const __mmask16 nan =
+      _mm512_cmpgt_epi32_mask(_mm512_and_si512(u, splat32(0x7fffffff)), splat32(0x7f800000));
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), splat32(1));
+  const __m512i rounded =
+      _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(u, splat32(0x7fff)), lsb), 16);
+  const __m512i quiet = _mm512_or_si512(_mm512_srli_epi32(u, 16), splat32(0x40));
+  return _mm512_cvtepi32_epi16(_mm512_mask_blend_epi32(nan, rounded, quiet));
+}
+
+struct Lanes {
+  static constexpr size_t kWidth = 16;
+  using F = __m512;
+  using I = __m512i;
+
+  template <DataType S>
+  CHORUS_CODEC_INLINE static F load(const Byte* p) {
+    if constexpr (S == DataType::kFloat32) {
+      return _mm512_loadu_ps(p);
+    } else if constexpr (S == DataType::kBfloat16) {
+      const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+      return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+    } else {
+      return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+    }
+  }
+  CHORUS_CODEC_INLINE static I zero() { return _mm512_setzero_si512(); }
+  CHORUS_CODEC_INLINE static I max_abs(I a, F x) {
+    return _mm512_max_epu32(a, _mm512_and_si512(_mm512_castps_si512(x), splat32(0x7fffffff)));
+  }
+  CHORUS_CODEC_INLINE static uint32_t hmax(I a) {
+    return static_cast<uint32_t>(_mm512_reduce_max_epu32(a));
+  }
+  CHORUS_CODEC_INLINE static F splat(float f) { return _mm512_set1_ps(f); }
+  CHORUS_CODEC_INLINE static F mul(F a, F b) { return _mm512_mul_ps(a, b); }
+  CHORUS_CODEC_INLINE static F add(F a, F b) { return _mm512_add_ps(a, b); }
+  // vminps/vmaxps return their second operand when either is NaN.
+  CHORUS_CODEC_INLINE static F clamp(F v, F hi, F lo) {
+    return _mm512_max_ps(lo, _mm512_min_ps(hi, v));
+  }
+  CHORUS_CODEC_INLINE static F load_f32(const Byte* p) { return _mm512_loadu_ps(p); }
+  CHORUS_CODEC_INLINE static void store_f32(Byte* p, F v) { _mm512_storeu_ps(p, v); }
+
+  template <class Fmt>
+  CHORUS_CODEC_INLINE static void store_rne(Byte* p, F q) {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm512_cvtepi32_epi8(f32_to_fp8_rne<Fmt>(q)));
+  }
+  template <class Fmt>
+  CHORUS_CODEC_INLINE static void store_sr(Byte* p, F q, I r) {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm512_cvtepi32_epi8(f32_to_fp8_sr<Fmt>(q, r)));
+  }
+  CHORUS_CODEC_INLINE static I random(uint32_t first, uint32_t lo, uint32_t k0, uint32_t k1) {
+    const __m512i idx = _mm512_add_epi32(
+        splat32(first), _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
+    const __mmask16 wrapped = _mm512_cmplt_epu32_mask(idx, splat32(lo));
+    const __m512i key = _mm512_mask_blend_epi32(wrapped, splat32(k0), splat32(k1));
+    return fmix32(_mm512_xor_si512(idx, key));
+  }
+
+  template <class Fmt>
+  CHORUS_CODEC_INLINE static F load_codes(const Byte* p) {
+    return _mm512_cvtph_ps(fp8_to_half16<Fmt>(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+  }
+  template <DataType S>
+  CHORUS_CODEC_INLINE static void store_out(Byte* p, F v) {
+    if constexpr (S == DataType::kFloat32) {
+      _mm512_storeu_ps(p, v);
+    } else if constexpr (S == DataType::kBfloat16) {
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), f32_to_bf16(v));
+    } else {
+      // vcvtps2ph rounds to nearest even, overflows to inf and keeps NaNs NaN, as float_to_half.
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(p),
+                          _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    }
+  }
+};
+
+}  // namespace
+}  // namespace chorus::kernels::avx512_codec
+
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
+#pragma GCC pop_options
+#endif
+
+#include "kernels/compress/codec_table.h"
+
+namespace chorus::kernels {
+namespace {
+
+CodecTable make_avx512_codecs() {
+  CodecTable table{};
+  table.isa = "avx512";
+  codec::fill_codec_table<avx512_codec::Lanes>(table);
+  return table;
+}
+
+}  // namespace
+
+const CodecTable& avx512_codecs() {
+  static const CodecTable table = make_avx512_codecs();
+  return table;
+}
+
+}  // namespace chorus::kernels
+
+#endif  // __x86_64__

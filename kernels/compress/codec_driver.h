@@ -1,0 +1,199 @@
+// SPDX-License-Identifier: Apache-2.0
+// File: kernels/compress/codec_driver.h
+// The block loops shared by the SIMD codec tables. A kernel walks a block kWidth elements at a
+// time and runs the block's tail through zero-padded bounce buffers (zeros do not change the
+// amax), so every element takes the same vector path. Per-block work (scale, random stream
+// key) is the scalar code of codec_common.h. Include it only inside an ISA's target region,
+// after every standard header (see codec_avx2.cc).
+//
+// An ISA provides a struct V (all members static):
+//   kWidth; F (kWidth fp32 lanes), I (kWidth uint32 lanes)
+//   F load<S>(const Byte*)                 kWidth source elements, widened exactly
+//   I max_abs(I, F), I zero(), uint32_t hmax(I)   running max of |x|'s bits
+//   F splat(float), F mul(F, F), F add(F, F), F load_f32(const Byte*), store_f32(Byte*, F)
+//   F clamp(F v, F hi, F lo)                max(lo, min(hi, v)), a NaN v passing through
+//   void store_rne<Fmt>(Byte*, F), void store_sr<Fmt>(Byte*, F q, I r)   kWidth codes
+//   I random(uint32_t first, uint32_t lo, uint32_t k0, uint32_t k1)  the random words of the
+//       indices whose low halves are idx = first + lane (mod 2^32): fmix32(idx ^ (idx < lo ?
+//       k1 : k0)), lo being the block's first index (see random_word())
+//   F load_codes<Fmt>(const Byte*)          kWidth codes' values (e4m3: divided by 256)
+//   void store_out<S>(Byte*, F)             kWidth elements rounded to S as the reference
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+
+#include "kernels/compress/codec_common.h"
+
+#define CHORUS_CODEC_INLINE inline __attribute__((always_inline))
+
+namespace chorus::kernels::codec {
+
+template <size_t kBytes>
+struct CodecBounce {
+  alignas(64) Byte bytes[kBytes] = {};
+};
+
+template <class V, DataType S>
+CHORUS_CODEC_INLINE uint32_t block_amax(const Byte* x, size_t n) {
+  constexpr size_t kW = V::kWidth, kEs = source_bytes(S);
+  const size_t full = n - n % kW;
+  auto amax = V::zero();
+  for (size_t i = 0; i < full; i += kW) amax = V::max_abs(amax, V::template load<S>(x + i * kEs));
+  if (full != n) {
+    CodecBounce<kW * kEs> tail;
+    std::memcpy(tail.bytes, x + full * kEs, (n - full) * kEs);
+    amax = V::max_abs(amax, V::template load<S>(tail.bytes));
+  }
+  return V::hmax(amax);
+}
+
+template <class V, DataType S, class Fmt, ScaleKind K, Rounding R>
+void encode_kernel(void* dst, const void* src, size_t count, uint32_t block, RandomStream rng) {
+  constexpr size_t kW = V::kWidth, kEs = source_bytes(S);
+  const size_t nb = num_blocks(count, block);
+  auto* scales = static_cast<Byte*>(dst);
+  Byte* codes = scales + nb * scale_bytes(K);
+  const auto* in = static_cast<const Byte*>(src);
+  for (size_t b = 0; b < nb; ++b) {
+    const size_t begin = b * block;
+    const size_t n = count - begin < block ? count - begin : block;
+    const Byte* x = in + begin * kEs;
+    Byte* c = codes + begin;
+    const BlockScale scale = block_scale<Fmt, K>(block_amax<V, S>(x, n));
+    store_scale<K>(scales, b, scale.bits);
+    if (!scale.finite) {
+      std::memset(c, static_cast<int>(Fmt::kNanCode), n);
+      continue;
+    }
+    const auto inv = V::splat(scale.inv);
+    const size_t full = n - n % kW;
+    if constexpr (R == Rounding::kNearestEven) {
+      for (size_t i = 0; i < full; i += kW) {
+        V::template store_rne<Fmt>(c + i, V::mul(V::template load<S>(x + i * kEs), inv));
+      }
+      if (full != n) {
+        CodecBounce<kW * kEs> tail;
+        CodecBounce<kW> out;
+        std::memcpy(tail.bytes, x + full * kEs, (n - full) * kEs);
+        V::template store_rne<Fmt>(out.bytes, V::mul(V::template load<S>(tail.bytes), inv));
+        std::memcpy(c + full, out.bytes, n - full);
+      }
+    } else {
+      const uint64_t base = rng.counter + begin;
+      const auto lo = static_cast<uint32_t>(base);
+      const auto hi = static_cast<uint32_t>(base >> 32);
+      const uint32_t k0 = stream_key(rng.seed, hi), k1 = stream_key(rng.seed, hi + 1);
+      for (size_t i = 0; i < full; i += kW) {
+        V::template store_sr<Fmt>(c + i, V::mul(V::template load<S>(x + i * kEs), inv),
+                                  V::random(lo + static_cast<uint32_t>(i), lo, k0, k1));
+      }
+      if (full != n) {
+        CodecBounce<kW * kEs> tail;
+        CodecBounce<kW> out;
+        std::memcpy(tail.bytes, x + full * kEs, (n - full) * kEs);
+        V::template store_sr<Fmt>(out.bytes, V::mul(V::template load<S>(tail.bytes), inv),
+                                  V::random(lo + static_cast<uint32_t>(full), lo, k0, k1));
+        std::memcpy(c + full, out.bytes, n - full);
+      }
+    }
+  }
+}
+
+// Multipliers of a block's load_codes() values: e4m3 folds its 2^8 into the scale when that is
+// exact (s * 256 finite, or NaN); otherwise the value is multiplied by 256 first, then by s.
+// Either way each element is fp8_value * s rounded once, as in the reference.
+template <class Fmt>
+struct DecodeScale {
+  float first;
+  float second;
+  bool twice;
+};
+template <class Fmt, ScaleKind K>
+DecodeScale<Fmt> decode_scale(const Byte* scales, size_t b) {
+  const float s = load_scale<K>(scales, b);
+  if constexpr (Fmt::kHasInf) {
+    return {s, 1.0f, false};
+  } else {
+    const float folded = s * 256.0f;
+    if (folded - folded == 0.0f || s != s) return {folded, 1.0f, false};
+    return {256.0f, s, true};
+  }
+}
+
+template <class V, class Fmt>
+struct DecodeLanes {
+  typename V::F first, second, hi, lo;
+  bool twice;
+  template <DataType S>
+  static DecodeLanes make(const DecodeScale<Fmt>& ds) {
+    return {V::splat(ds.first), V::splat(ds.second), V::splat(kOutputMax<S>),
+            V::splat(-kOutputMax<S>), ds.twice};
+  }
+  // kWidth codes at p: value * s, saturated (see saturate()).
+  CHORUS_CODEC_INLINE typename V::F operator()(const Byte* p) const {
+    auto v = V::mul(V::template load_codes<Fmt>(p), first);
+    if (twice) v = V::mul(v, second);
+    return V::clamp(v, hi, lo);
+  }
+};
+
+template <class V, DataType S, class Fmt, ScaleKind K>
+void decode_kernel(void* dst, const void* src, size_t count, uint32_t block) {
+  constexpr size_t kW = V::kWidth, kEs = source_bytes(S);
+  const size_t nb = num_blocks(count, block);
+  const auto* scales = static_cast<const Byte*>(src);
+  const Byte* codes = scales + nb * scale_bytes(K);
+  auto* out = static_cast<Byte*>(dst);
+  for (size_t b = 0; b < nb; ++b) {
+    const size_t begin = b * block;
+    const size_t n = count - begin < block ? count - begin : block;
+    const auto lanes = DecodeLanes<V, Fmt>::template make<S>(decode_scale<Fmt, K>(scales, b));
+    const Byte* c = codes + begin;
+    Byte* o = out + begin * kEs;
+    const size_t full = n - n % kW;
+    for (size_t i = 0; i < full; i += kW) {
+      V::template store_out<S>(o + i * kEs, lanes(c + i));
+    }
+    if (full == n) continue;
+    CodecBounce<kW> tail;
+    CodecBounce<kW * kEs> result;
+    std::memcpy(tail.bytes, c + full, n - full);
+    V::template store_out<S>(result.bytes, lanes(tail.bytes));
+    std::memcpy(o + full * kEs, result.bytes, (n - full) * kEs);
+  }
+}
+
+template <class V, class Fmt, ScaleKind K>
+void accumulate_kernel(float* acc, const void* src, size_t count, uint32_t block) {
+  constexpr size_t kW = V::kWidth;
+  const size_t nb = num_blocks(count, block);
+  const auto* scales = static_cast<const Byte*>(src);
+  const Byte* codes = scales + nb * scale_bytes(K);
+  auto* a = reinterpret_cast<Byte*>(acc);
+  for (size_t b = 0; b < nb; ++b) {
+    const size_t begin = b * block;
+    const size_t n = count - begin < block ? count - begin : block;
+    const auto lanes =
+        DecodeLanes<V, Fmt>::template make<DataType::kFloat32>(decode_scale<Fmt, K>(scales, b));
+    const Byte* c = codes + begin;
+    Byte* o = a + begin * 4;
+    const size_t full = n - n % kW;
+    for (size_t i = 0; i < full; i += kW) {
+      V::store_f32(o + i * 4, V::add(V::load_f32(o + i * 4),
+                                     lanes(c + i)));
+    }
+    if (full == n) continue;
+    CodecBounce<kW> tail;
+    CodecBounce<kW * 4> sum;
+    std::memcpy(tail.bytes, c + full, n - full);
+    std::memcpy(sum.bytes, o + full * 4, (n - full) * 4);
+    V::store_f32(sum.bytes, V::add(V::load_f32(sum.bytes),
+                                   lanes(tail.bytes)));
+    std::memcpy(o + full * 4, sum.bytes, (n - full) * 4);
+  }
+}
+
+}  // namespace chorus::kernels::codec
