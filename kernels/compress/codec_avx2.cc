@@ -61,17 +61,19 @@ CHORUS_CODEC_INLINE __m256i f32_to_fp8_rne(__m256 x) {
   const __m256i u = _mm256_castps_si256(x);
   const __m256i abs = _mm256_and_si256(u, splat32(0x7fffffff));
   const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(abs, kShift), splat32(1));
-  const __m256i rounded =
-      _mm256_add_epi32(abs, _mm256_add_epi32(lsb, splat32((1u << (kShift - 1)) - 1)));
-  const __m256i normal =
-      _mm256_sub_epi32(_mm256_srli_epi32(rounded, kShift),
-                       splat32(static_cast<uint32_t>(127 - Fmt::kBias) << Fmt::kMan));
-  const __m256 scaled =
-      _mm256_mul_ps(_mm256_castsi256_ps(abs), _mm256_castsi256_ps(splat32(kSubnormalScale)));
-  const __m256i subnormal =
-      _mm256_cvttps_epi32(_mm256_round_ps(scaled, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-  __m256i code =
-      _mm256_blendv_epi8(subnormal, normal, _mm256_cmpgt_epi32(abs, splat32(kMinNormal - 1)));
+  // The rebias is subtracted before the shift (a multiple of 2^kShift; normal lanes stay >= 0).
+  const uint32_t bias_half = ((1u << (kShift - 1)) - 1) -
+                             (static_cast<uint32_t>(127 - Fmt::kBias) << 23);
+  __m256i code = _mm256_srli_epi32(_mm256_add_epi32(abs, _mm256_add_epi32(lsb, splat32(bias_half))),
+                                   kShift);
+  const __m256i normal = _mm256_cmpgt_epi32(abs, splat32(kMinNormal - 1));
+  if (_mm256_movemask_ps(_mm256_castsi256_ps(normal)) != 0xff) {  // rare in gradients
+    const __m256 scaled =
+        _mm256_mul_ps(_mm256_castsi256_ps(abs), _mm256_castsi256_ps(splat32(kSubnormalScale)));
+    const __m256i subnormal = _mm256_cvttps_epi32(
+        _mm256_round_ps(scaled, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    code = _mm256_blendv_epi8(subnormal, code, normal);
+  }
   code = _mm256_min_epu32(code, splat32(Fmt::kMaxCode));
   return _mm256_or_si256(code, _mm256_srli_epi32(_mm256_andnot_si256(abs, u), 24));
 }
@@ -185,12 +187,21 @@ struct Lanes {
   }
 
   template <class Fmt>
-  CHORUS_CODEC_INLINE static void store_rne(Byte* p, F q) {
-    store_low_bytes(p, f32_to_fp8_rne<Fmt>(q));
+  CHORUS_CODEC_INLINE static I codes_rne(F q) {
+    return f32_to_fp8_rne<Fmt>(q);
   }
   template <class Fmt>
-  CHORUS_CODEC_INLINE static void store_sr(Byte* p, F q, I r) {
-    store_low_bytes(p, f32_to_fp8_sr<Fmt>(q, r));
+  CHORUS_CODEC_INLINE static I codes_sr(F q, I r) {
+    return f32_to_fp8_sr<Fmt>(q, r);
+  }
+  CHORUS_CODEC_INLINE static void store_codes(Byte* p, I c) { store_low_bytes(p, c); }
+  // 32 codes (each in [0, 255]) in order: the packs work per 128-bit half, leaving dword k
+  // holding 4 codes of c[k % 4] (half k / 4); the permute restores element order.
+  CHORUS_CODEC_INLINE static void store_codes4(Byte* p, I c0, I c1, I c2, I c3) {
+    const __m256i bytes =
+        _mm256_packus_epi16(_mm256_packus_epi32(c0, c1), _mm256_packus_epi32(c2, c3));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p),
+                        _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
   }
   // Unsigned idx < lo is a signed compare after flipping both sign bits.
   CHORUS_CODEC_INLINE static I random(uint32_t first, uint32_t lo, uint32_t k0, uint32_t k1) {

@@ -65,17 +65,19 @@ CHORUS_CODEC_INLINE __m512i f32_to_fp8_rne(__m512 x) {
   const __m512i u = _mm512_castps_si512(x);
   const __m512i abs = _mm512_and_si512(u, splat32(0x7fffffff));
   const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(abs, kShift), splat32(1));
-  const __m512i rounded =
-      _mm512_add_epi32(abs, _mm512_add_epi32(lsb, splat32((1u << (kShift - 1)) - 1)));
-  const __m512i normal =
-      _mm512_sub_epi32(_mm512_srli_epi32(rounded, kShift),
-                       splat32(static_cast<uint32_t>(127 - Fmt::kBias) << Fmt::kMan));
-  const __m512 scaled =
-      _mm512_mul_ps(_mm512_castsi512_ps(abs), _mm512_castsi512_ps(splat32(kSubnormalScale)));
-  const __m512i subnormal =
-      _mm512_cvt_roundps_epi32(scaled, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512i code = _mm512_mask_blend_epi32(_mm512_cmpgt_epi32_mask(abs, splat32(kMinNormal - 1)),
-                                         subnormal, normal);
+  // The rebias is subtracted before the shift (a multiple of 2^kShift; normal lanes stay >= 0).
+  const uint32_t bias_half = ((1u << (kShift - 1)) - 1) -
+                             (static_cast<uint32_t>(127 - Fmt::kBias) << 23);
+  __m512i code = _mm512_srli_epi32(_mm512_add_epi32(abs, _mm512_add_epi32(lsb, splat32(bias_half))),
+                                   kShift);
+  const __mmask16 normal = _mm512_cmpgt_epi32_mask(abs, splat32(kMinNormal - 1));
+  if (normal != 0xffff) {  // rare in gradients: zeros and values below 2^(1-bias) * scale
+    const __m512 scaled =
+        _mm512_mul_ps(_mm512_castsi512_ps(abs), _mm512_castsi512_ps(splat32(kSubnormalScale)));
+    const __m512i subnormal =
+        _mm512_cvt_roundps_epi32(scaled, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    code = _mm512_mask_blend_epi32(normal, subnormal, code);
+  }
   code = _mm512_min_epu32(code, splat32(Fmt::kMaxCode));
   return or_sign(code, u);
 }
@@ -169,12 +171,23 @@ struct Lanes {
   CHORUS_CODEC_INLINE static void store_f32(Byte* p, F v) { _mm512_storeu_ps(p, v); }
 
   template <class Fmt>
-  CHORUS_CODEC_INLINE static void store_rne(Byte* p, F q) {
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm512_cvtepi32_epi8(f32_to_fp8_rne<Fmt>(q)));
+  CHORUS_CODEC_INLINE static I codes_rne(F q) {
+    return f32_to_fp8_rne<Fmt>(q);
   }
   template <class Fmt>
-  CHORUS_CODEC_INLINE static void store_sr(Byte* p, F q, I r) {
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm512_cvtepi32_epi8(f32_to_fp8_sr<Fmt>(q, r)));
+  CHORUS_CODEC_INLINE static I codes_sr(F q, I r) {
+    return f32_to_fp8_sr<Fmt>(q, r);
+  }
+  CHORUS_CODEC_INLINE static void store_codes(Byte* p, I c) {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm512_cvtepi32_epi8(c));
+  }
+  // 64 codes (each in [0, 255]) in order: the packs work per 128-bit lane, leaving dword
+  // 4 * lane + j holding 4 codes of c[j]; the permute restores element order. Four uops where
+  // four vpmovdb take eight.
+  CHORUS_CODEC_INLINE static void store_codes4(Byte* p, I c0, I c1, I c2, I c3) {
+    const __m512i bytes = _mm512_packus_epi16(_mm512_packus_epi32(c0, c1), _mm512_packus_epi32(c2, c3));
+    const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+    _mm512_storeu_si512(p, _mm512_permutexvar_epi32(order, bytes));
   }
   CHORUS_CODEC_INLINE static I random(uint32_t first, uint32_t lo, uint32_t k0, uint32_t k1) {
     const __m512i idx = _mm512_add_epi32(

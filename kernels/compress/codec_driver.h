@@ -12,7 +12,8 @@
 //   I max_abs(I, F), I zero(), uint32_t hmax(I)   running max of |x|'s bits
 //   F splat(float), F mul(F, F), F add(F, F), F load_f32(const Byte*), store_f32(Byte*, F)
 //   F clamp(F v, F hi, F lo)                max(lo, min(hi, v)), a NaN v passing through
-//   void store_rne<Fmt>(Byte*, F), void store_sr<Fmt>(Byte*, F q, I r)   kWidth codes
+//   I codes_rne<Fmt>(F q), I codes_sr<Fmt>(F q, I r)   codes (with sign) in uint32 lanes
+//   store_codes(Byte*, I), store_codes4(Byte*, I, I, I, I)   kWidth or 4 * kWidth codes
 //   I random(uint32_t first, uint32_t lo, uint32_t k0, uint32_t k1)  the random words of the
 //       indices whose low halves are idx = first + lane (mod 2^32): fmix32(idx ^ (idx < lo ?
 //       k1 : k0)), lo being the block's first index (see random_word())
@@ -28,6 +29,7 @@
 #include "kernels/compress/codec_common.h"
 
 #define CHORUS_CODEC_INLINE inline __attribute__((always_inline))
+#define CHORUS_CODEC_INLINE_LAMBDA __attribute__((always_inline))
 
 namespace chorus::kernels::codec {
 
@@ -69,35 +71,36 @@ void encode_kernel(void* dst, const void* src, size_t count, uint32_t block, Ran
       continue;
     }
     const auto inv = V::splat(scale.inv);
-    const size_t full = n - n % kW;
-    if constexpr (R == Rounding::kNearestEven) {
-      for (size_t i = 0; i < full; i += kW) {
-        V::template store_rne<Fmt>(c + i, V::mul(V::template load<S>(x + i * kEs), inv));
-      }
-      if (full != n) {
-        CodecBounce<kW * kEs> tail;
-        CodecBounce<kW> out;
-        std::memcpy(tail.bytes, x + full * kEs, (n - full) * kEs);
-        V::template store_rne<Fmt>(out.bytes, V::mul(V::template load<S>(tail.bytes), inv));
-        std::memcpy(c + full, out.bytes, n - full);
-      }
-    } else {
+    uint32_t lo = 0, k0 = 0, k1 = 0;
+    if constexpr (R == Rounding::kStochastic) {
       const uint64_t base = rng.counter + begin;
-      const auto lo = static_cast<uint32_t>(base);
-      const auto hi = static_cast<uint32_t>(base >> 32);
-      const uint32_t k0 = stream_key(rng.seed, hi), k1 = stream_key(rng.seed, hi + 1);
-      for (size_t i = 0; i < full; i += kW) {
-        V::template store_sr<Fmt>(c + i, V::mul(V::template load<S>(x + i * kEs), inv),
-                                  V::random(lo + static_cast<uint32_t>(i), lo, k0, k1));
+      lo = static_cast<uint32_t>(base);
+      k0 = stream_key(rng.seed, static_cast<uint32_t>(base >> 32));
+      k1 = stream_key(rng.seed, static_cast<uint32_t>(base >> 32) + 1);
+    }
+    // The codes of the kWidth elements at p, element i of the block first.
+    auto codes_at = [&](const Byte* p, size_t i) CHORUS_CODEC_INLINE_LAMBDA {
+      const auto q = V::mul(V::template load<S>(p), inv);
+      if constexpr (R == Rounding::kNearestEven) {
+        return V::template codes_rne<Fmt>(q);
+      } else {
+        return V::template codes_sr<Fmt>(q, V::random(lo + static_cast<uint32_t>(i), lo, k0, k1));
       }
-      if (full != n) {
-        CodecBounce<kW * kEs> tail;
-        CodecBounce<kW> out;
-        std::memcpy(tail.bytes, x + full * kEs, (n - full) * kEs);
-        V::template store_sr<Fmt>(out.bytes, V::mul(V::template load<S>(tail.bytes), inv),
-                                  V::random(lo + static_cast<uint32_t>(full), lo, k0, k1));
-        std::memcpy(c + full, out.bytes, n - full);
-      }
+    };
+    const size_t full = n - n % kW;
+    size_t i = 0;
+    for (; i + 4 * kW <= full; i += 4 * kW) {
+      V::store_codes4(c + i, codes_at(x + i * kEs, i), codes_at(x + (i + kW) * kEs, i + kW),
+                      codes_at(x + (i + 2 * kW) * kEs, i + 2 * kW),
+                      codes_at(x + (i + 3 * kW) * kEs, i + 3 * kW));
+    }
+    for (; i < full; i += kW) V::store_codes(c + i, codes_at(x + i * kEs, i));
+    if (full != n) {
+      CodecBounce<kW * kEs> tail;
+      CodecBounce<kW> out;
+      std::memcpy(tail.bytes, x + full * kEs, (n - full) * kEs);
+      V::store_codes(out.bytes, codes_at(tail.bytes, full));
+      std::memcpy(c + full, out.bytes, n - full);
     }
   }
 }
