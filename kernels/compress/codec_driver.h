@@ -59,13 +59,20 @@ void encode_kernel(void* dst, const void* src, size_t count, uint32_t block, Ran
   auto* scales = static_cast<Byte*>(dst);
   Byte* codes = scales + nb * scale_bytes(K);
   const auto* in = static_cast<const Byte*>(src);
+  // The amax of block b + 1 is taken before block b is encoded, so that the latency of its
+  // reduction and of the scale's divisions overlaps block b's work.
+  uint32_t amax = nb != 0 ? block_amax<V, S>(in, count < block ? count : block) : 0;
   for (size_t b = 0; b < nb; ++b) {
     const size_t begin = b * block;
     const size_t n = count - begin < block ? count - begin : block;
     const Byte* x = in + begin * kEs;
     Byte* c = codes + begin;
-    const BlockScale scale = block_scale<Fmt, K>(block_amax<V, S>(x, n));
+    const BlockScale scale = block_scale<Fmt, K>(amax);
     store_scale<K>(scales, b, scale.bits);
+    if (b + 1 < nb) {
+      const size_t next = count - begin - n < block ? count - begin - n : block;
+      amax = block_amax<V, S>(x + n * kEs, next);
+    }
     if (!scale.finite) {
       std::memset(c, static_cast<int>(Fmt::kNanCode), n);
       continue;
