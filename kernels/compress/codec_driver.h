@@ -133,20 +133,27 @@ DecodeScale<Fmt> decode_scale(const Byte* scales, size_t b) {
   }
 }
 
+// The saturation is skipped for a block whose largest finite code times s cannot exceed the
+// output's maximum (rounding is monotonic) and whose format has no infinity code: then it would
+// change nothing. A NaN scale fails the test and takes the full path.
 template <class V, class Fmt>
 struct DecodeLanes {
   typename V::F first, second, hi, lo;
-  bool twice;
-  template <DataType S>
-  static DecodeLanes make(const DecodeScale<Fmt>& ds) {
+  bool twice, clamp;
+  template <DataType S, ScaleKind K>
+  static DecodeLanes make(const Byte* scales, size_t b) {
+    const DecodeScale<Fmt> ds = decode_scale<Fmt, K>(scales, b);
+    const float s = load_scale<K>(scales, b);
+    const bool bounded = !Fmt::kHasInf && Fmt::kMaxValue * s <= kOutputMax<S> &&
+                         -Fmt::kMaxValue * s >= -kOutputMax<S>;
     return {V::splat(ds.first), V::splat(ds.second), V::splat(kOutputMax<S>),
-            V::splat(-kOutputMax<S>), ds.twice};
+            V::splat(-kOutputMax<S>), ds.twice, !bounded};
   }
   // kWidth codes at p: value * s, saturated (see saturate()).
   CHORUS_CODEC_INLINE typename V::F operator()(const Byte* p) const {
     auto v = V::mul(V::template load_codes<Fmt>(p), first);
     if (twice) v = V::mul(v, second);
-    return V::clamp(v, hi, lo);
+    return clamp ? V::clamp(v, hi, lo) : v;
   }
 };
 
@@ -160,7 +167,7 @@ void decode_kernel(void* dst, const void* src, size_t count, uint32_t block) {
   for (size_t b = 0; b < nb; ++b) {
     const size_t begin = b * block;
     const size_t n = count - begin < block ? count - begin : block;
-    const auto lanes = DecodeLanes<V, Fmt>::template make<S>(decode_scale<Fmt, K>(scales, b));
+    const auto lanes = DecodeLanes<V, Fmt>::template make<S, K>(scales, b);
     const Byte* c = codes + begin;
     Byte* o = out + begin * kEs;
     const size_t full = n - n % kW;
@@ -186,8 +193,7 @@ void accumulate_kernel(float* acc, const void* src, size_t count, uint32_t block
   for (size_t b = 0; b < nb; ++b) {
     const size_t begin = b * block;
     const size_t n = count - begin < block ? count - begin : block;
-    const auto lanes =
-        DecodeLanes<V, Fmt>::template make<DataType::kFloat32>(decode_scale<Fmt, K>(scales, b));
+    const auto lanes = DecodeLanes<V, Fmt>::template make<DataType::kFloat32, K>(scales, b);
     const Byte* c = codes + begin;
     Byte* o = a + begin * 4;
     const size_t full = n - n % kW;
