@@ -103,7 +103,8 @@ Bytes random_source(DataType s, size_t count, std::mt19937_64& rng, bool nonfini
     }
     if (kind == 8) {  // one non-finite element somewhere in the run
       const float bad[] = {INFINITY, -INFINITY, NAN, -NAN};
-      store_source(s, out, i - 1 - rng() % run, bad[rng() % 4]);
+      const size_t at = i - 1 - rng() % run;
+      store_source(s, out, at, bad[rng() % 4]);
     }
   }
   for (size_t g = 0; g < kGuard; ++g) out[count * source_size(s) + g] = static_cast<unsigned char>(rng());
