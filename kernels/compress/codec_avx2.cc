@@ -91,17 +91,19 @@ CHORUS_CODEC_INLINE __m256i f32_to_fp8_sr(__m256 x, __m256i r) {
   const __m256i u = _mm256_castps_si256(x);
   const __m256i abs = _mm256_and_si256(u, splat32(0x7fffffff));
   const __m256i dither = _mm256_and_si256(r, splat32((1u << kShift) - 1));
-  const __m256i normal =
-      _mm256_sub_epi32(_mm256_srli_epi32(_mm256_add_epi32(abs, dither), kShift),
-                       splat32(static_cast<uint32_t>(127 - Fmt::kBias) << Fmt::kMan));
-  const __m256 scaled =
-      _mm256_mul_ps(_mm256_castsi256_ps(abs), _mm256_castsi256_ps(splat32(kSubnormalScale)));
-  const __m256 uniform =
-      _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(r, 8)), _mm256_set1_ps(0x1p-24f));
-  const __m256i subnormal = _mm256_cvttps_epi32(_mm256_add_ps(scaled, uniform));
-  __m256i code =
-      _mm256_blendv_epi8(subnormal, normal, _mm256_cmpgt_epi32(abs, splat32(kMinNormal - 1)));
-  code = _mm256_and_si256(code, _mm256_cmpgt_epi32(abs, splat32(0x007fffff)));
+  const uint32_t rebias = static_cast<uint32_t>(127 - Fmt::kBias) << 23;  // before the shift
+  __m256i code = _mm256_srli_epi32(
+      _mm256_add_epi32(abs, _mm256_sub_epi32(dither, splat32(rebias))), kShift);
+  const __m256i normal = _mm256_cmpgt_epi32(abs, splat32(kMinNormal - 1));
+  if (_mm256_movemask_ps(_mm256_castsi256_ps(normal)) != 0xff) {  // rare in gradients
+    const __m256 scaled =
+        _mm256_mul_ps(_mm256_castsi256_ps(abs), _mm256_castsi256_ps(splat32(kSubnormalScale)));
+    const __m256 uniform =
+        _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(r, 8)), _mm256_set1_ps(0x1p-24f));
+    const __m256i subnormal = _mm256_cvttps_epi32(_mm256_add_ps(scaled, uniform));
+    code = _mm256_blendv_epi8(subnormal, code, normal);
+    code = _mm256_and_si256(code, _mm256_cmpgt_epi32(abs, splat32(0x007fffff)));
+  }
   code = _mm256_min_epu32(code, splat32(Fmt::kMaxCode));
   return _mm256_or_si256(code, _mm256_srli_epi32(_mm256_andnot_si256(abs, u), 24));
 }
@@ -204,6 +206,10 @@ struct Lanes {
                         _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
   }
   // Unsigned idx < lo is a signed compare after flipping both sign bits.
+  CHORUS_CODEC_INLINE static I random_one_key(uint32_t first, uint32_t k0) {
+    const __m256i idx = _mm256_add_epi32(splat32(first), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+    return fmix32(_mm256_xor_si256(idx, splat32(k0)));
+  }
   CHORUS_CODEC_INLINE static I random(uint32_t first, uint32_t lo, uint32_t k0, uint32_t k1) {
     const __m256i idx = _mm256_add_epi32(splat32(first), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
     const __m256i flip = splat32(0x80000000u);

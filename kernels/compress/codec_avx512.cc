@@ -93,17 +93,19 @@ CHORUS_CODEC_INLINE __m512i f32_to_fp8_sr(__m512 x, __m512i r) {
   const __m512i u = _mm512_castps_si512(x);
   const __m512i abs = _mm512_and_si512(u, splat32(0x7fffffff));
   const __m512i dither = _mm512_and_si512(r, splat32((1u << kShift) - 1));
-  const __m512i normal =
-      _mm512_sub_epi32(_mm512_srli_epi32(_mm512_add_epi32(abs, dither), kShift),
-                       splat32(static_cast<uint32_t>(127 - Fmt::kBias) << Fmt::kMan));
-  const __m512 scaled =
-      _mm512_mul_ps(_mm512_castsi512_ps(abs), _mm512_castsi512_ps(splat32(kSubnormalScale)));
-  const __m512 uniform =
-      _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(r, 8)), _mm512_set1_ps(0x1p-24f));
-  const __m512i subnormal = _mm512_cvttps_epi32(_mm512_add_ps(scaled, uniform));
-  __m512i code = _mm512_mask_blend_epi32(_mm512_cmpgt_epi32_mask(abs, splat32(kMinNormal - 1)),
-                                         subnormal, normal);
-  code = _mm512_maskz_mov_epi32(_mm512_cmpgt_epi32_mask(abs, splat32(0x007fffff)), code);
+  const uint32_t rebias = static_cast<uint32_t>(127 - Fmt::kBias) << 23;  // before the shift
+  __m512i code = _mm512_srli_epi32(
+      _mm512_add_epi32(abs, _mm512_sub_epi32(dither, splat32(rebias))), kShift);
+  const __mmask16 normal = _mm512_cmpgt_epi32_mask(abs, splat32(kMinNormal - 1));
+  if (normal != 0xffff) {  // rare in gradients: zeros and values below 2^(1-bias) * scale
+    const __m512 scaled =
+        _mm512_mul_ps(_mm512_castsi512_ps(abs), _mm512_castsi512_ps(splat32(kSubnormalScale)));
+    const __m512 uniform =
+        _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(r, 8)), _mm512_set1_ps(0x1p-24f));
+    const __m512i subnormal = _mm512_cvttps_epi32(_mm512_add_ps(scaled, uniform));
+    code = _mm512_mask_blend_epi32(normal, subnormal, code);
+    code = _mm512_maskz_mov_epi32(_mm512_cmpgt_epi32_mask(abs, splat32(0x007fffff)), code);
+  }
   code = _mm512_min_epu32(code, splat32(Fmt::kMaxCode));
   return or_sign(code, u);
 }
@@ -188,6 +190,11 @@ struct Lanes {
     const __m512i bytes = _mm512_packus_epi16(_mm512_packus_epi32(c0, c1), _mm512_packus_epi32(c2, c3));
     const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
     _mm512_storeu_si512(p, _mm512_permutexvar_epi32(order, bytes));
+  }
+  CHORUS_CODEC_INLINE static I random_one_key(uint32_t first, uint32_t k0) {
+    const __m512i idx = _mm512_add_epi32(
+        splat32(first), _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
+    return fmix32(_mm512_xor_si512(idx, splat32(k0)));
   }
   CHORUS_CODEC_INLINE static I random(uint32_t first, uint32_t lo, uint32_t k0, uint32_t k1) {
     const __m512i idx = _mm512_add_epi32(

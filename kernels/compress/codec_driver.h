@@ -17,6 +17,7 @@
 //   I random(uint32_t first, uint32_t lo, uint32_t k0, uint32_t k1)  the random words of the
 //       indices whose low halves are idx = first + lane (mod 2^32): fmix32(idx ^ (idx < lo ?
 //       k1 : k0)), lo being the block's first index (see random_word())
+//   I random_one_key(uint32_t first, uint32_t k0)    the same when no index wraps: fmix32(idx ^ k0)
 //   F load_codes<Fmt>(const Byte*)          kWidth codes' values (e4m3: divided by 256)
 //   void store_out<S>(Byte*, F)             kWidth elements rounded to S as the reference
 #pragma once
@@ -79,11 +80,13 @@ void encode_kernel(void* dst, const void* src, size_t count, uint32_t block, Ran
     }
     const auto inv = V::splat(scale.inv);
     uint32_t lo = 0, k0 = 0, k1 = 0;
+    bool wraps = false;  // the block's indices cross a multiple of 2^32: two keys
     if constexpr (R == Rounding::kStochastic) {
       const uint64_t base = rng.counter + begin;
       lo = static_cast<uint32_t>(base);
       k0 = stream_key(rng.seed, static_cast<uint32_t>(base >> 32));
       k1 = stream_key(rng.seed, static_cast<uint32_t>(base >> 32) + 1);
+      wraps = static_cast<uint32_t>(lo + (n - 1)) < lo;
     }
     // The codes of the kWidth elements at p, element i of the block first.
     auto codes_at = [&](const Byte* p, size_t i) CHORUS_CODEC_INLINE_LAMBDA {
@@ -91,7 +94,9 @@ void encode_kernel(void* dst, const void* src, size_t count, uint32_t block, Ran
       if constexpr (R == Rounding::kNearestEven) {
         return V::template codes_rne<Fmt>(q);
       } else {
-        return V::template codes_sr<Fmt>(q, V::random(lo + static_cast<uint32_t>(i), lo, k0, k1));
+        const auto first = lo + static_cast<uint32_t>(i);
+        return V::template codes_sr<Fmt>(
+            q, wraps ? V::random(first, lo, k0, k1) : V::random_one_key(first, k0));
       }
     };
     const size_t full = n - n % kW;
