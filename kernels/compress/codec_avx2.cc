@@ -118,19 +118,19 @@ CHORUS_CODEC_INLINE void store_low_bytes(Byte* p, __m256i v) {
   _mm_storel_epi64(reinterpret_cast<__m128i*>(p), _mm256_castsi256_si128(packed));
 }
 
-// 8 fp8 codes -> 8 halves: e5m2 is the top byte of a half; e4m3's magnitude shifted into a half
-// has a bias of 15 instead of 7, so the half is the value / 256 (exact, subnormals included: a
-// half subnormal is a normal float); e4m3's NaN code becomes a half NaN.
+// 8 fp8 codes -> 8 halves: e5m2 is the top byte of a half. e4m3 sign-extended to 16 bits and
+// shifted left by 7 has its magnitude where a half's is, with a bias of 15 instead of 7, so the
+// half is the value / 256 (exact, subnormals included: a half subnormal is a normal float), and
+// its sign in bit 15, with one extension bit to clear (bit 14). e4m3's NaN code (magnitude 0x7f,
+// the half 0x3f80) becomes the half NaN 0x7f80.
 template <class Fmt>
 CHORUS_CODEC_INLINE __m128i fp8_to_half8(__m128i codes) {
-  const __m128i x = _mm_cvtepu8_epi16(codes);
   if constexpr (Fmt::kHasInf) {
-    return _mm_slli_epi16(x, 8);
+    return _mm_slli_epi16(_mm_cvtepu8_epi16(codes), 8);
   } else {
-    const __m128i mag = _mm_and_si128(x, splat16(0x7f));
-    const __m128i h = _mm_or_si128(_mm_slli_epi16(mag, 7),
-                                   _mm_slli_epi16(_mm_and_si128(x, splat16(0x80)), 8));
-    return _mm_blendv_epi8(h, _mm_or_si128(h, splat16(0x7e00)), _mm_cmpeq_epi16(mag, splat16(0x7f)));
+    const __m128i h = _mm_and_si128(_mm_slli_epi16(_mm_cvtepi8_epi16(codes), 7), splat16(0xbfff));
+    const __m128i nan = _mm_cmpeq_epi16(_mm_and_si128(h, splat16(0x7fff)), splat16(0x3f80));
+    return _mm_or_si128(h, _mm_and_si128(nan, splat16(0x4000)));
   }
 }
 

@@ -110,20 +110,20 @@ CHORUS_CODEC_INLINE __m512i f32_to_fp8_sr(__m512 x, __m512i r) {
   return or_sign(code, u);
 }
 
-// 16 fp8 codes -> 16 halves (see fp8_to_half16 in kernels/reduce/reduce_avx2.cc): e5m2 is the
-// top byte of a half; e4m3's magnitude shifted into a half is its value / 256 (exact, subnormals
-// included); e4m3's NaN code becomes a half NaN.
+// 16 fp8 codes -> 16 halves (see fp8_to_half8 in codec_avx2.cc): e5m2 is the top byte of a
+// half; e4m3 sign-extended to 16 bits and shifted left by 7 has its magnitude in place (a half
+// of value / 256) and its sign in bit 15, with one extension bit to clear (bit 14); e4m3's NaN
+// code (magnitude 0x7f, the half 0x3f80) becomes the half NaN 0x7f80.
 template <class Fmt>
 CHORUS_CODEC_INLINE __m256i fp8_to_half16(__m128i codes) {
-  const __m256i x = _mm256_cvtepu8_epi16(codes);
   if constexpr (Fmt::kHasInf) {
-    return _mm256_slli_epi16(x, 8);
+    return _mm256_slli_epi16(_mm256_cvtepu8_epi16(codes), 8);
   } else {
-    const __m256i mag = _mm256_and_si256(x, splat16(0x7f));
-    const __m256i h = _mm256_or_si256(_mm256_slli_epi16(mag, 7),
-                                      _mm256_slli_epi16(_mm256_and_si256(x, splat16(0x80)), 8));
-    return _mm256_mask_blend_epi16(_mm256_cmpeq_epi16_mask(mag, splat16(0x7f)), h,
-                                   _mm256_or_si256(h, splat16(0x7e00)));
+    const __m256i h =
+        _mm256_and_si256(_mm256_slli_epi16(_mm256_cvtepi8_epi16(codes), 7), splat16(0xbfff));
+    const __mmask16 nan = _mm_cmpeq_epi8_mask(_mm_or_si128(codes, _mm_set1_epi8(-128)),
+                                              _mm_set1_epi8(-1));
+    return _mm256_mask_add_epi16(h, nan, h, splat16(0x4000));  // bit 14 is clear: an or
   }
 }
 
@@ -163,8 +163,15 @@ struct Lanes {
     return static_cast<uint32_t>(_mm512_reduce_max_epu32(a));
   }
   CHORUS_CODEC_INLINE static F splat(float f) { return _mm512_set1_ps(f); }
-  CHORUS_CODEC_INLINE static F mul(F a, F b) { return _mm512_mul_ps(a, b); }
-  CHORUS_CODEC_INLINE static F add(F a, F b) { return _mm512_add_ps(a, b); }
+  // GCC writes _mm512_mul_ps and _mm512_add_ps as vector * and +, which it may contract into
+  // an FMA (AVX-512F brings FMA; -ffp-contract=fast is GCC's C++ default): the reference rounds
+  // the product and the sum separately. The _round_ forms are builtins it never contracts.
+  CHORUS_CODEC_INLINE static F mul(F a, F b) {
+    return _mm512_mul_round_ps(a, b, _MM_FROUND_CUR_DIRECTION);
+  }
+  CHORUS_CODEC_INLINE static F add(F a, F b) {
+    return _mm512_add_round_ps(a, b, _MM_FROUND_CUR_DIRECTION);
+  }
   // vminps/vmaxps return their second operand when either is NaN.
   CHORUS_CODEC_INLINE static F clamp(F v, F hi, F lo) {
     return _mm512_max_ps(lo, _mm512_min_ps(hi, v));
