@@ -10,7 +10,8 @@
 //   kWidth; F (kWidth fp32 lanes), I (kWidth uint32 lanes)
 //   F load<S>(const Byte*)                 kWidth source elements, widened exactly
 //   I max_abs(I, F), I zero(), uint32_t hmax(I)   running max of |x|'s bits
-//   F splat(float), F mul(F, F), F add(F, F), F load_f32(const Byte*), store_f32(Byte*, F)
+//   F splat(float), F mul(F, F), F add(F, F) (each rounded on its own: never fused into an FMA),
+//   F load_f32(const Byte*), store_f32(Byte*, F)
 //   F clamp(F v, F hi, F lo)                max(lo, min(hi, v)), a NaN v passing through
 //   I codes_rne<Fmt>(F q), I codes_sr<Fmt>(F q, I r)   codes (with sign) in uint32 lanes
 //   store_codes(Byte*, I), store_codes4(Byte*, I, I, I, I)   kWidth or 4 * kWidth codes
