@@ -1,0 +1,262 @@
+// SPDX-License-Identifier: Apache-2.0
+// File: kernels/compress/codec_avx512.cc
+// The AVX-512 (F, BW, VL) block codecs: 16 elements per step, through the loops of
+// codec_driver.h. Bit-identical to codec_scalar.cc; the lane derivations are in codec_avx2.cc.
+#if defined(__x86_64__)
+
+// GCC 12's AVX-512 intrinsics trip -W(maybe-)uninitialized (GCC bug 105593), see
+// kernels/reduce/reduce_avx512.cc.
+#pragma GCC diagnostic push
+#if !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+#include <immintrin.h>
+#pragma GCC diagnostic pop
+
+#include <cfloat>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+
+#include "kernels/compress/block_codec.h"
+#include "kernels/compress/codec_common.h"
+#include "kernels/fp8/convert.h"
+
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx2,f16c,avx512f,avx512bw,avx512vl"))), apply_to = function)
+#else
+#pragma GCC push_options
+#pragma GCC target("avx2,f16c,avx512f,avx512bw,avx512vl")
+#endif
+
+#include "kernels/compress/codec_driver.h"
+
+namespace chorus::kernels::avx512_codec {
+namespace {
+
+using codec::Byte;
+
+CHORUS_CODEC_INLINE __m512i splat32(uint32_t v) { return _mm512_set1_epi32(static_cast<int>(v)); }
+CHORUS_CODEC_INLINE __m256i splat16(uint16_t v) { return _mm256_set1_epi16(static_cast<short>(v)); }
+
+CHORUS_CODEC_INLINE __m512i fmix32(__m512i h) {
+  h = _mm512_xor_si512(h, _mm512_srli_epi32(h, 16));
+  h = _mm512_mullo_epi32(h, splat32(0x85ebca6bu));
+  h = _mm512_xor_si512(h, _mm512_srli_epi32(h, 13));
+  h = _mm512_mullo_epi32(h, splat32(0xc2b2ae35u));
+  return _mm512_xor_si512(h, _mm512_srli_epi32(h, 16));
+}
+
+// code | the sign of the float bits u, as 0x80 (vpternlogd: code | (u >> 24 & 0x80)).
+CHORUS_CODEC_INLINE __m512i or_sign(__m512i code, __m512i u) {
+  return _mm512_ternarylogic_epi32(code, _mm512_srli_epi32(u, 24), splat32(0x80), 0xf8);
+}
+
+// 16 finite floats -> 16 fp8 codes, round to nearest even, as Fp8Format::encode (see
+// f32_to_fp8_rne in codec_avx2.cc).
+template <class Fmt>
+CHORUS_CODEC_INLINE __m512i f32_to_fp8_rne(__m512 x) {
+  constexpr int kShift = 23 - Fmt::kMan;
+  constexpr uint32_t kMinNormal = static_cast<uint32_t>(128 - Fmt::kBias) << 23;
+  constexpr uint32_t kSubnormalScale = static_cast<uint32_t>(127 + Fmt::kBias - 1 + Fmt::kMan)
+                                       << 23;
+  const __m512i u = _mm512_castps_si512(x);
+  const __m512i abs = _mm512_and_si512(u, splat32(0x7fffffff));
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(abs, kShift), splat32(1));
+  // The rebias is subtracted before the shift (a multiple of 2^kShift; normal lanes stay >= 0).
+  const uint32_t bias_half = ((1u << (kShift - 1)) - 1) -
+                             (static_cast<uint32_t>(127 - Fmt::kBias) << 23);
+  __m512i code = _mm512_srli_epi32(_mm512_add_epi32(abs, _mm512_add_epi32(lsb, splat32(bias_half))),
+                                   kShift);
+  const __mmask16 normal = _mm512_cmpgt_epi32_mask(abs, splat32(kMinNormal - 1));
+  if (normal != 0xffff) {  // rare in gradients: zeros and values below 2^(1-bias) * scale
+    const __m512 scaled =
+        _mm512_mul_ps(_mm512_castsi512_ps(abs), _mm512_castsi512_ps(splat32(kSubnormalScale)));
+    const __m512i subnormal =
+        _mm512_cvt_roundps_epi32(scaled, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    code = _mm512_mask_blend_epi32(normal, subnormal, code);
+  }
+  code = _mm512_min_epu32(code, splat32(Fmt::kMaxCode));
+  return or_sign(code, u);
+}
+
+// 16 floats -> 16 fp8 codes, stochastic rounding with the words r, as
+// codec::encode_stochastic (the derivation is there).
+template <class Fmt>
+CHORUS_CODEC_INLINE __m512i f32_to_fp8_sr(__m512 x, __m512i r) {
+  constexpr int kShift = 23 - Fmt::kMan;
+  constexpr uint32_t kMinNormal = static_cast<uint32_t>(128 - Fmt::kBias) << 23;
+  constexpr uint32_t kSubnormalScale = static_cast<uint32_t>(127 + Fmt::kBias - 1 + Fmt::kMan)
+                                       << 23;
+  const __m512i u = _mm512_castps_si512(x);
+  const __m512i abs = _mm512_and_si512(u, splat32(0x7fffffff));
+  const __m512i dither = _mm512_and_si512(r, splat32((1u << kShift) - 1));
+  const uint32_t rebias = static_cast<uint32_t>(127 - Fmt::kBias) << 23;  // before the shift
+  __m512i code = _mm512_srli_epi32(
+      _mm512_add_epi32(abs, _mm512_sub_epi32(dither, splat32(rebias))), kShift);
+  const __mmask16 normal = _mm512_cmpgt_epi32_mask(abs, splat32(kMinNormal - 1));
+  if (normal != 0xffff) {  // rare in gradients: zeros and values below 2^(1-bias) * scale
+    const __m512 scaled =
+        _mm512_mul_ps(_mm512_castsi512_ps(abs), _mm512_castsi512_ps(splat32(kSubnormalScale)));
+    const __m512 uniform =
+        _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(r, 8)), _mm512_set1_ps(0x1p-24f));
+    const __m512i subnormal = _mm512_cvttps_epi32(_mm512_add_ps(scaled, uniform));
+    code = _mm512_mask_blend_epi32(normal, subnormal, code);
+    code = _mm512_maskz_mov_epi32(_mm512_cmpgt_epi32_mask(abs, splat32(0x007fffff)), code);
+  }
+  code = _mm512_min_epu32(code, splat32(Fmt::kMaxCode));
+  return or_sign(code, u);
+}
+
+// 16 fp8 codes -> 16 halves (see fp8_to_half8 in codec_avx2.cc): e5m2 is the top byte of a
+// half; e4m3 sign-extended to 16 bits and shifted left by 7 has its magnitude in place (a half
+// of value / 256) and its sign in bit 15, with one extension bit to clear (bit 14); e4m3's NaN
+// code (magnitude 0x7f, the half 0x3f80) becomes the half NaN 0x7f80.
+template <class Fmt>
+CHORUS_CODEC_INLINE __m256i fp8_to_half16(__m128i codes) {
+  if constexpr (Fmt::kHasInf) {
+    return _mm256_slli_epi16(_mm256_cvtepu8_epi16(codes), 8);
+  } else {
+    const __m256i h =
+        _mm256_and_si256(_mm256_slli_epi16(_mm256_cvtepi8_epi16(codes), 7), splat16(0xbfff));
+    const __mmask16 nan = _mm_cmpeq_epi8_mask(_mm_or_si128(codes, _mm_set1_epi8(-128)),
+                                              _mm_set1_epi8(-1));
+    return _mm256_mask_add_epi16(h, nan, h, splat16(0x4000));  // bit 14 is clear: an or
+  }
+}
+
+// 16 floats -> 16 bfloat16 as float_to_bf16 (NaNs quieted, the rest rounded to nearest even).
+CHORUS_CODEC_INLINE __m256i f32_to_bf16(__m512 x) {
+  const __m512i u = _mm512_castps_si512(x);
+  const __mmask16 nan =
+      _mm512_cmpgt_epi32_mask(_mm512_and_si512(u, splat32(0x7fffffff)), splat32(0x7f800000));
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), splat32(1));
+  const __m512i rounded =
+      _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(u, splat32(0x7fff)), lsb), 16);
+  const __m512i quiet = _mm512_or_si512(_mm512_srli_epi32(u, 16), splat32(0x40));
+  return _mm512_cvtepi32_epi16(_mm512_mask_blend_epi32(nan, rounded, quiet));
+}
+
+struct Lanes {
+  static constexpr size_t kWidth = 16;
+  using F = __m512;
+  using I = __m512i;
+
+  template <DataType S>
+  CHORUS_CODEC_INLINE static F load(const Byte* p) {
+    if constexpr (S == DataType::kFloat32) {
+      return _mm512_loadu_ps(p);
+    } else if constexpr (S == DataType::kBfloat16) {
+      const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+      return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+    } else {
+      return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+    }
+  }
+  CHORUS_CODEC_INLINE static I zero() { return _mm512_setzero_si512(); }
+  CHORUS_CODEC_INLINE static I max_abs(I a, F x) {
+    return _mm512_max_epu32(a, _mm512_and_si512(_mm512_castps_si512(x), splat32(0x7fffffff)));
+  }
+  CHORUS_CODEC_INLINE static uint32_t hmax(I a) {
+    return static_cast<uint32_t>(_mm512_reduce_max_epu32(a));
+  }
+  CHORUS_CODEC_INLINE static F splat(float f) { return _mm512_set1_ps(f); }
+  // GCC writes _mm512_mul_ps and _mm512_add_ps as vector * and +, which it may contract into
+  // an FMA (AVX-512F brings FMA; -ffp-contract=fast is GCC's C++ default): the reference rounds
+  // the product and the sum separately. The _round_ forms are builtins it never contracts.
+  CHORUS_CODEC_INLINE static F mul(F a, F b) {
+    return _mm512_mul_round_ps(a, b, _MM_FROUND_CUR_DIRECTION);
+  }
+  CHORUS_CODEC_INLINE static F add(F a, F b) {
+    return _mm512_add_round_ps(a, b, _MM_FROUND_CUR_DIRECTION);
+  }
+  // vminps/vmaxps return their second operand when either is NaN.
+  CHORUS_CODEC_INLINE static F clamp(F v, F hi, F lo) {
+    return _mm512_max_ps(lo, _mm512_min_ps(hi, v));
+  }
+  CHORUS_CODEC_INLINE static F load_f32(const Byte* p) { return _mm512_loadu_ps(p); }
+  CHORUS_CODEC_INLINE static void store_f32(Byte* p, F v) { _mm512_storeu_ps(p, v); }
+
+  template <class Fmt>
+  CHORUS_CODEC_INLINE static I codes_rne(F q) {
+    return f32_to_fp8_rne<Fmt>(q);
+  }
+  template <class Fmt>
+  CHORUS_CODEC_INLINE static I codes_sr(F q, I r) {
+    return f32_to_fp8_sr<Fmt>(q, r);
+  }
+  CHORUS_CODEC_INLINE static void store_codes(Byte* p, I c) {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm512_cvtepi32_epi8(c));
+  }
+  // 64 codes (each in [0, 255]) in order: the packs work per 128-bit lane, leaving dword
+  // 4 * lane + j holding 4 codes of c[j]; the permute restores element order. Four uops where
+  // four vpmovdb take eight.
+  CHORUS_CODEC_INLINE static void store_codes4(Byte* p, I c0, I c1, I c2, I c3) {
+    const __m512i bytes = _mm512_packus_epi16(_mm512_packus_epi32(c0, c1), _mm512_packus_epi32(c2, c3));
+    const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+    _mm512_storeu_si512(p, _mm512_permutexvar_epi32(order, bytes));
+  }
+  CHORUS_CODEC_INLINE static I random_one_key(uint32_t first, uint32_t k0) {
+    const __m512i idx = _mm512_add_epi32(
+        splat32(first), _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
+    return fmix32(_mm512_xor_si512(idx, splat32(k0)));
+  }
+  CHORUS_CODEC_INLINE static I random(uint32_t first, uint32_t lo, uint32_t k0, uint32_t k1) {
+    const __m512i idx = _mm512_add_epi32(
+        splat32(first), _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
+    const __mmask16 wrapped = _mm512_cmplt_epu32_mask(idx, splat32(lo));
+    const __m512i key = _mm512_mask_blend_epi32(wrapped, splat32(k0), splat32(k1));
+    return fmix32(_mm512_xor_si512(idx, key));
+  }
+
+  template <class Fmt>
+  CHORUS_CODEC_INLINE static F load_codes(const Byte* p) {
+    return _mm512_cvtph_ps(fp8_to_half16<Fmt>(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+  }
+  template <DataType S>
+  CHORUS_CODEC_INLINE static void store_out(Byte* p, F v) {
+    if constexpr (S == DataType::kFloat32) {
+      _mm512_storeu_ps(p, v);
+    } else if constexpr (S == DataType::kBfloat16) {
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), f32_to_bf16(v));
+    } else {
+      // vcvtps2ph rounds to nearest even, overflows to inf and keeps NaNs NaN, as float_to_half.
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(p),
+                          _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    }
+  }
+};
+
+}  // namespace
+}  // namespace chorus::kernels::avx512_codec
+
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
+#pragma GCC pop_options
+#endif
+
+#include "kernels/compress/codec_table.h"
+
+namespace chorus::kernels {
+namespace {
+
+CodecTable make_avx512_codecs() {
+  CodecTable table{};
+  table.isa = "avx512";
+  codec::fill_codec_table<avx512_codec::Lanes>(table);
+  return table;
+}
+
+}  // namespace
+
+const CodecTable& avx512_codecs() {
+  static const CodecTable table = make_avx512_codecs();
+  return table;
+}
+
+}  // namespace chorus::kernels
+
+#endif  // __x86_64__

@@ -1,0 +1,221 @@
+// SPDX-License-Identifier: Apache-2.0
+// File: kernels/compress/codec_driver.h
+// The block loops shared by the SIMD codec tables. A kernel walks a block kWidth elements at a
+// time and runs the block's tail through zero-padded bounce buffers (zeros do not change the
+// amax), so every element takes the same vector path. Per-block work (scale, random stream
+// key) is the scalar code of codec_common.h. Include it only inside an ISA's target region,
+// after every standard header (see codec_avx2.cc).
+//
+// An ISA provides a struct V (all members static):
+//   kWidth; F (kWidth fp32 lanes), I (kWidth uint32 lanes)
+//   F load<S>(const Byte*)                 kWidth source elements, widened exactly
+//   I max_abs(I, F), I zero(), uint32_t hmax(I)   running max of |x|'s bits
+//   F splat(float), F mul(F, F), F add(F, F) (each rounded on its own: never fused into an FMA),
+//   F load_f32(const Byte*), store_f32(Byte*, F)
+//   F clamp(F v, F hi, F lo)                max(lo, min(hi, v)), a NaN v passing through
+//   I codes_rne<Fmt>(F q), I codes_sr<Fmt>(F q, I r)   codes (with sign) in uint32 lanes
+//   store_codes(Byte*, I), store_codes4(Byte*, I, I, I, I)   kWidth or 4 * kWidth codes
+//   I random(uint32_t first, uint32_t lo, uint32_t k0, uint32_t k1)  the random words of the
+//       indices whose low halves are idx = first + lane (mod 2^32): fmix32(idx ^ (idx < lo ?
+//       k1 : k0)), lo being the block's first index (see random_word())
+//   I random_one_key(uint32_t first, uint32_t k0)    the same when no index wraps: fmix32(idx ^ k0)
+//   F load_codes<Fmt>(const Byte*)          kWidth codes' values (e4m3: divided by 256)
+//   void store_out<S>(Byte*, F)             kWidth elements rounded to S as the reference
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+
+#include "kernels/compress/codec_common.h"
+
+#define CHORUS_CODEC_INLINE inline __attribute__((always_inline))
+#define CHORUS_CODEC_INLINE_LAMBDA __attribute__((always_inline))
+
+namespace chorus::kernels::codec {
+
+template <size_t kBytes>
+struct CodecBounce {
+  alignas(64) Byte bytes[kBytes] = {};
+};
+
+template <class V, DataType S>
+CHORUS_CODEC_INLINE uint32_t block_amax(const Byte* x, size_t n) {
+  constexpr size_t kW = V::kWidth, kEs = source_bytes(S);
+  const size_t full = n - n % kW;
+  auto amax = V::zero();
+  for (size_t i = 0; i < full; i += kW) amax = V::max_abs(amax, V::template load<S>(x + i * kEs));
+  if (full != n) {
+    CodecBounce<kW * kEs> tail;
+    std::memcpy(tail.bytes, x + full * kEs, (n - full) * kEs);
+    amax = V::max_abs(amax, V::template load<S>(tail.bytes));
+  }
+  return V::hmax(amax);
+}
+
+template <class V, DataType S, class Fmt, ScaleKind K, Rounding R>
+void encode_kernel(void* dst, const void* src, size_t count, uint32_t block, RandomStream rng) {
+  constexpr size_t kW = V::kWidth, kEs = source_bytes(S);
+  const size_t nb = num_blocks(count, block);
+  auto* scales = static_cast<Byte*>(dst);
+  Byte* codes = scales + nb * scale_bytes(K);
+  const auto* in = static_cast<const Byte*>(src);
+  // The amax of block b + 1 is taken before block b is encoded, so that the latency of its
+  // reduction and of the scale's divisions overlaps block b's work.
+  uint32_t amax = nb != 0 ? block_amax<V, S>(in, count < block ? count : block) : 0;
+  for (size_t b = 0; b < nb; ++b) {
+    const size_t begin = b * block;
+    const size_t n = count - begin < block ? count - begin : block;
+    const Byte* x = in + begin * kEs;
+    Byte* c = codes + begin;
+    const BlockScale scale = block_scale<Fmt, K>(amax);
+    store_scale<K>(scales, b, scale.bits);
+    if (b + 1 < nb) {
+      const size_t next = count - begin - n < block ? count - begin - n : block;
+      amax = block_amax<V, S>(x + n * kEs, next);
+    }
+    if (!scale.finite) {
+      std::memset(c, static_cast<int>(Fmt::kNanCode), n);
+      continue;
+    }
+    const auto inv = V::splat(scale.inv);
+    uint32_t lo = 0, k0 = 0, k1 = 0;
+    bool wraps = false;  // the block's indices cross a multiple of 2^32: two keys
+    if constexpr (R == Rounding::kStochastic) {
+      const uint64_t base = rng.counter + begin;
+      lo = static_cast<uint32_t>(base);
+      k0 = stream_key(rng.seed, static_cast<uint32_t>(base >> 32));
+      k1 = stream_key(rng.seed, static_cast<uint32_t>(base >> 32) + 1);
+      wraps = static_cast<uint32_t>(lo + (n - 1)) < lo;
+    }
+    // The codes of the kWidth elements at p, element i of the block first.
+    auto codes_at = [&](const Byte* p, size_t i) CHORUS_CODEC_INLINE_LAMBDA {
+      const auto q = V::mul(V::template load<S>(p), inv);
+      if constexpr (R == Rounding::kNearestEven) {
+        return V::template codes_rne<Fmt>(q);
+      } else {
+        const auto first = lo + static_cast<uint32_t>(i);
+        return V::template codes_sr<Fmt>(
+            q, wraps ? V::random(first, lo, k0, k1) : V::random_one_key(first, k0));
+      }
+    };
+    const size_t full = n - n % kW;
+    size_t i = 0;
+    for (; i + 4 * kW <= full; i += 4 * kW) {
+      V::store_codes4(c + i, codes_at(x + i * kEs, i), codes_at(x + (i + kW) * kEs, i + kW),
+                      codes_at(x + (i + 2 * kW) * kEs, i + 2 * kW),
+                      codes_at(x + (i + 3 * kW) * kEs, i + 3 * kW));
+    }
+    for (; i < full; i += kW) V::store_codes(c + i, codes_at(x + i * kEs, i));
+    if (full != n) {
+      CodecBounce<kW * kEs> tail;
+      CodecBounce<kW> out;
+      std::memcpy(tail.bytes, x + full * kEs, (n - full) * kEs);
+      V::store_codes(out.bytes, codes_at(tail.bytes, full));
+      std::memcpy(c + full, out.bytes, n - full);
+    }
+  }
+}
+
+// Multipliers of a block's load_codes() values: e4m3 folds its 2^8 into the scale when that is
+// exact (s * 256 finite, or NaN); otherwise the value is multiplied by 256 first, then by s.
+// Either way each element is fp8_value * s rounded once, as in the reference.
+template <class Fmt>
+struct DecodeScale {
+  float first;
+  float second;
+  bool twice;
+};
+template <class Fmt, ScaleKind K>
+DecodeScale<Fmt> decode_scale(const Byte* scales, size_t b) {
+  const float s = load_scale<K>(scales, b);
+  if constexpr (Fmt::kHasInf) {
+    return {s, 1.0f, false};
+  } else {
+    const float folded = s * 256.0f;
+    if (folded - folded == 0.0f || s != s) return {folded, 1.0f, false};
+    return {256.0f, s, true};
+  }
+}
+
+// The saturation is skipped for a block whose largest finite code times s cannot exceed the
+// output's maximum (rounding is monotonic) and whose format has no infinity code: then it would
+// change nothing. A NaN scale fails the test and takes the full path.
+template <class V, class Fmt>
+struct DecodeLanes {
+  typename V::F first, second, hi, lo;
+  bool twice, clamp;
+  template <DataType S, ScaleKind K>
+  static DecodeLanes make(const Byte* scales, size_t b) {
+    const DecodeScale<Fmt> ds = decode_scale<Fmt, K>(scales, b);
+    const float s = load_scale<K>(scales, b);
+    const bool bounded = !Fmt::kHasInf && Fmt::kMaxValue * s <= kOutputMax<S> &&
+                         -Fmt::kMaxValue * s >= -kOutputMax<S>;
+    return {V::splat(ds.first), V::splat(ds.second), V::splat(kOutputMax<S>),
+            V::splat(-kOutputMax<S>), ds.twice, !bounded};
+  }
+  // kWidth codes at p: value * s, saturated (see saturate()).
+  CHORUS_CODEC_INLINE typename V::F operator()(const Byte* p) const {
+    auto v = V::mul(V::template load_codes<Fmt>(p), first);
+    if (twice) v = V::mul(v, second);
+    return clamp ? V::clamp(v, hi, lo) : v;
+  }
+};
+
+template <class V, DataType S, class Fmt, ScaleKind K>
+void decode_kernel(void* dst, const void* src, size_t count, uint32_t block) {
+  constexpr size_t kW = V::kWidth, kEs = source_bytes(S);
+  const size_t nb = num_blocks(count, block);
+  const auto* scales = static_cast<const Byte*>(src);
+  const Byte* codes = scales + nb * scale_bytes(K);
+  auto* out = static_cast<Byte*>(dst);
+  for (size_t b = 0; b < nb; ++b) {
+    const size_t begin = b * block;
+    const size_t n = count - begin < block ? count - begin : block;
+    const auto lanes = DecodeLanes<V, Fmt>::template make<S, K>(scales, b);
+    const Byte* c = codes + begin;
+    Byte* o = out + begin * kEs;
+    const size_t full = n - n % kW;
+    for (size_t i = 0; i < full; i += kW) {
+      V::template store_out<S>(o + i * kEs, lanes(c + i));
+    }
+    if (full == n) continue;
+    CodecBounce<kW> tail;
+    CodecBounce<kW * kEs> result;
+    std::memcpy(tail.bytes, c + full, n - full);
+    V::template store_out<S>(result.bytes, lanes(tail.bytes));
+    std::memcpy(o + full * kEs, result.bytes, (n - full) * kEs);
+  }
+}
+
+template <class V, class Fmt, ScaleKind K>
+void accumulate_kernel(float* acc, const void* src, size_t count, uint32_t block) {
+  constexpr size_t kW = V::kWidth;
+  const size_t nb = num_blocks(count, block);
+  const auto* scales = static_cast<const Byte*>(src);
+  const Byte* codes = scales + nb * scale_bytes(K);
+  auto* a = reinterpret_cast<Byte*>(acc);
+  for (size_t b = 0; b < nb; ++b) {
+    const size_t begin = b * block;
+    const size_t n = count - begin < block ? count - begin : block;
+    const auto lanes = DecodeLanes<V, Fmt>::template make<DataType::kFloat32, K>(scales, b);
+    const Byte* c = codes + begin;
+    Byte* o = a + begin * 4;
+    const size_t full = n - n % kW;
+    for (size_t i = 0; i < full; i += kW) {
+      V::store_f32(o + i * 4, V::add(V::load_f32(o + i * 4),
+                                     lanes(c + i)));
+    }
+    if (full == n) continue;
+    CodecBounce<kW> tail;
+    CodecBounce<kW * 4> sum;
+    std::memcpy(tail.bytes, c + full, n - full);
+    std::memcpy(sum.bytes, o + full * 4, (n - full) * 4);
+    V::store_f32(sum.bytes, V::add(V::load_f32(sum.bytes),
+                                   lanes(tail.bytes)));
+    std::memcpy(o + full * 4, sum.bytes, (n - full) * 4);
+  }
+}
+
+}  // namespace chorus::kernels::codec
