@@ -78,6 +78,9 @@ StringParam kIbHca("IB_HCA", "IB_HCA", "", nullptr,
                    "RDMA devices and ports the verbs transport may use: comma-separated "
                    "name[:port] prefixes, ^ to exclude, = for exact names (NCCL syntax); empty = "
                    "the first active port");
+StringParam kIbAddrFamily("IB_ADDR_FAMILY", "IB_ADDR_FAMILY", "", "AF_INET,AF_INET6",
+                          "verbs over RoCE: the address family of the GID (AF_INET: IPv4-mapped, "
+                          "AF_INET6); empty: IPv4 preferred, IPv6 accepted");
 IntParam kIbGidIndex("IB_GID_INDEX", "IB_GID_INDEX", -1, -1, 65535,
                      "GID index of the verbs transport's port; -1 = automatic (RoCE v2 with an "
                      "IPv4-mapped address first)");
@@ -137,7 +140,7 @@ const std::vector<Param*>& all() {
       &kDebug,        &kDebugSubsys,   &kDebugFile,    &kSocketIfname, &kSocketFamily,
       &kBootstrapTimeoutMs, &kConnectTimeoutMs, &kHostId, &kTransport, &kNumChannels,
       &kPathChunkBytes, &kShmFifoBytes, &kShmCmaBytes,   &kShmMapBytes,   &kStreamCopyBytes, &kTcpBounceBytes,
-      &kIbHca, &kIbGidIndex, &kIbTimeout, &kIbRetryCnt, &kIbTc, &kIbSl, &kIbSlots, &kIbSlotBytes, &kIbRdvBytes, &kIbQpsPerConnection, &kTimeoutMs,   &kSpinUs,       &kLivenessMs,
+      &kIbHca, &kIbAddrFamily, &kIbGidIndex, &kIbTimeout, &kIbRetryCnt, &kIbTc, &kIbSl, &kIbSlots, &kIbSlotBytes, &kIbRdvBytes, &kIbQpsPerConnection, &kTimeoutMs,   &kSpinUs,       &kLivenessMs,
       &kFlightRecorderOps, &kCommBlocking,
       &kAlgo,         &kChunkBytes,    &kTuner,        &kTunerFile,   &kKernels,
       &kRegCacheBytes,

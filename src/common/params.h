@@ -116,6 +116,7 @@ extern IntParam kStreamCopyBytes;
 extern IntParam kTcpBounceBytes;
 // RDMA verbs (transports/verbs).
 extern StringParam kIbHca;
+extern StringParam kIbAddrFamily;
 extern IntParam kIbGidIndex;
 extern IntParam kIbTimeout;
 extern IntParam kIbRetryCnt;

@@ -17,6 +17,7 @@
 
 #include <barrier>
 #include <cstring>
+#include <fstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -88,6 +89,55 @@ TEST_CASE("verbs blob: what is encoded parses back", "[unit][verbs]") {
   CHECK(r->qps[1].qpn == 0x101);
   CHECK(r->qps[5].psn == 0xabc05);
   CHECK(r->qps[2].qpn == 0);  // rank 1's own entries
+}
+
+ibv_gid_entry gid_entry(uint32_t type, std::initializer_list<uint8_t> head, uint8_t last) {
+  ibv_gid_entry e{};
+  e.gid_type = type;
+  size_t i = 0;
+  for (uint8_t b : head) e.gid.raw[i++] = b;
+  e.gid.raw[15] = last;
+  return e;
+}
+
+TEST_CASE("verbs: the GID choice honours RoCE version, NCCL_IB_ADDR_FAMILY and the netdev",
+          "[unit][verbs]") {
+  const ibv_gid_entry v2_ipv4 = gid_entry(IBV_GID_TYPE_ROCE_V2, {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 10}, 1);
+  const ibv_gid_entry v1_ipv4 = gid_entry(IBV_GID_TYPE_ROCE_V1, {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 10}, 1);
+  const ibv_gid_entry v2_ipv6 = gid_entry(IBV_GID_TYPE_ROCE_V2, {0x20, 0x01, 0x0d, 0xb8}, 1);
+  const ibv_gid_entry v1_ipv6 = gid_entry(IBV_GID_TYPE_ROCE_V1, {0x20, 0x01, 0x0d, 0xb8}, 1);
+  const ibv_gid_entry v2_link_local = gid_entry(IBV_GID_TYPE_ROCE_V2, {0xfe, 0x80}, 1);
+  const ibv_gid_entry zero = gid_entry(IBV_GID_TYPE_ROCE_V2, {}, 0);
+  const ibv_gid_entry ib = gid_entry(IBV_GID_TYPE_IB, {0xfe, 0x80}, 1);
+  GidPolicy any;
+  CHECK(gid_score(zero, "", any) == 0);
+  CHECK(gid_score(v2_link_local, "", any) == 0);
+  CHECK(gid_score(ib, "", any) == 0);
+  // No family asked for: RoCE v2 first, then IPv4 before IPv6.
+  CHECK(gid_score(v2_ipv4, "", any) > gid_score(v2_ipv6, "", any));
+  CHECK(gid_score(v2_ipv6, "", any) > gid_score(v1_ipv4, "", any));
+  CHECK(gid_score(v1_ipv4, "", any) > gid_score(v1_ipv6, "", any));
+  CHECK(gid_score(v1_ipv6, "", any) > 0);
+  // A family asked for: the other one is unusable.
+  GidPolicy inet6;
+  inet6.family = "AF_INET6";
+  CHECK(gid_score(v2_ipv4, "", inet6) == 0);
+  CHECK(gid_score(v1_ipv4, "", inet6) == 0);
+  CHECK(gid_score(v2_ipv6, "", inet6) > gid_score(v1_ipv6, "", inet6));
+  GidPolicy inet;
+  inet.family = "AF_INET";
+  CHECK(gid_score(v2_ipv6, "", inet) == 0);
+  CHECK(gid_score(v2_ipv4, "", inet) > 0);
+  // NCCL_SOCKET_IFNAME breaks ties only: a matching netdev wins among equals, never over a
+  // better RoCE version or family.
+  GidPolicy eth;
+  eth.ifname_spec = "eth";
+  CHECK(gid_score(v2_ipv4, "eth1", eth) > gid_score(v2_ipv4, "ens3", eth));
+  CHECK(gid_score(v2_ipv4, "ens3", eth) > gid_score(v1_ipv4, "eth1", eth));
+  CHECK(gid_score(v2_ipv4, "ens3", eth) > gid_score(v2_ipv6, "eth1", eth));
+  GidPolicy not_eth;
+  not_eth.ifname_spec = "^eth";
+  CHECK(gid_score(v2_ipv4, "ens3", not_eth) > gid_score(v2_ipv4, "eth0", not_eth));
 }
 
 TEST_CASE("verbs blob: several QPs per connection", "[unit][verbs]") {
@@ -989,6 +1039,51 @@ TEST_CASE("verbs: a killed peer fails a pending send within seconds (side channe
   CHECK(ms < 5000);
   CHECK_THAT(why, Catch::Contains("rank 1 (host testhost") && Catch::Contains("is gone") &&
                       Catch::Contains("side channel") && Catch::Contains("while rank 0 was sending"));
+}
+
+// NCCL_IB_ADDR_FAMILY on the real device: AF_INET picks an IPv4-mapped GID; AF_INET6 picks a
+// routable IPv6 one when the device has one (sysfs says), else refuses naming the variable.
+TEST_CASE("verbs: NCCL_IB_ADDR_FAMILY chooses the GID's family on the device", "[rdma][verbs]") {
+  auto filter = parse_hca_filter("");
+  REQUIRE(filter.ok());
+  GidPolicy inet;
+  inet.family = "AF_INET";
+  auto v4 = Device::open(filter.value(), inet);
+  REQUIRE(v4.ok());
+  REQUIRE(v4.value() != nullptr);  // [rdma] cases run only where a device exists
+  const std::shared_ptr<Device>& dev = v4.value();
+  INFO(dev->describe());
+  CHECK(gid_to_string(dev->gid().raw).rfind("::ffff:", 0) == 0);
+  // Does the port have a RoCE GID with a routable IPv6 address?
+  bool has_ipv6 = false;
+  const std::string port = "/sys/class/infiniband/" + dev->name() + "/ports/" +
+                           std::to_string(dev->port());
+  for (int i = 0; i < dev->port_attr().gid_tbl_len && i < 256; ++i) {
+    std::ifstream gid_file(port + "/gids/" + std::to_string(i));
+    std::ifstream type_file(port + "/gid_attrs/types/" + std::to_string(i));
+    std::string gid, type;
+    if (!std::getline(gid_file, gid) || !std::getline(type_file, type)) continue;
+    if (type.rfind("RoCE", 0) != 0) continue;
+    if (gid.rfind("0000:0000:0000:0000:0000:0000:", 0) == 0) continue;  // zero
+    if (gid.rfind("0000:0000:0000:0000:0000:ffff:", 0) == 0) continue;  // IPv4-mapped
+    if (gid.rfind("fe80:", 0) == 0) continue;                            // link-local
+    has_ipv6 = true;
+  }
+  GidPolicy inet6;
+  inet6.family = "AF_INET6";
+  auto v6 = Device::open(filter.value(), inet6);
+  if (has_ipv6) {
+    REQUIRE(v6.ok());
+    REQUIRE(v6.value() != nullptr);
+    const std::string text = gid_to_string(v6.value()->gid().raw);
+    CHECK(text.rfind("::ffff:", 0) != 0);
+    CHECK(text.rfind("fe80:", 0) != 0);
+  } else {
+    REQUIRE_FALSE(v6.ok());
+    CHECK(v6.status().code() == Code::kInvalidArgument);
+    CHECK_THAT(v6.status().message(), Catch::Contains("NCCL_IB_ADDR_FAMILY=AF_INET6") &&
+                                          Catch::Contains(dev->name()));
+  }
 }
 
 // The side channel proves the communicator's secret both ways (net/auth.h): a peer with another

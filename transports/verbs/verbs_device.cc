@@ -4,6 +4,7 @@
 #include "transports/verbs/verbs_device.h"
 
 #include <arpa/inet.h>
+#include <net/if.h>
 #include <fcntl.h>
 
 #include <cerrno>
@@ -14,6 +15,7 @@
 #include "common/log.h"
 #include "common/params.h"
 #include "common/scope_guard.h"
+#include "net/socket.h"
 
 namespace chorus::verbs {
 
@@ -44,15 +46,6 @@ const char* gid_type_name(uint32_t type) {
   }
 }
 
-// Preference of a GID for RoCE: v2 with an IPv4-mapped address, then v2 with a routable IPv6
-// one, then v1 with IPv4 (NCCL's defaults: AF_INET, RoCE v2). 0: unusable.
-int gid_score(const ibv_gid_entry& e) {
-  const uint8_t* g = e.gid.raw;
-  if (all_zero(g) || link_local(g)) return 0;
-  if (e.gid_type == IBV_GID_TYPE_ROCE_V2) return ipv4_mapped(g) ? 3 : 2;
-  if (e.gid_type == IBV_GID_TYPE_ROCE_V1 && ipv4_mapped(g)) return 1;
-  return 0;
-}
 
 // Every valid GID entry of `port`: the whole table at once, else one index at a time.
 std::vector<ibv_gid_entry> gid_entries(ibv_context* ctx, uint8_t port, int table_len,
@@ -118,7 +111,43 @@ std::string gid_to_string(const uint8_t gid[16]) {
   return text;
 }
 
-Result<std::shared_ptr<Device>> Device::open(const HcaFilter& filter, int forced_gid_index) {
+GidPolicy gid_policy_from_params() {
+  GidPolicy p;
+  p.forced_index = static_cast<int>(params::kIbGidIndex.get());
+  p.family = params::kIbAddrFamily.get();
+  p.ifname_spec = params::kSocketIfname.get();
+  return p;
+}
+
+int gid_score(const ibv_gid_entry& e, const std::string& netdev, const GidPolicy& policy) {
+  const uint8_t* g = e.gid.raw;
+  if (all_zero(g) || link_local(g)) return 0;
+  if (e.gid_type != IBV_GID_TYPE_ROCE_V2 && e.gid_type != IBV_GID_TYPE_ROCE_V1) return 0;
+  const bool v4 = ipv4_mapped(g);
+  if (!policy.family.empty() && policy.family != (v4 ? "AF_INET" : "AF_INET6")) return 0;
+  // In order of weight: RoCE v2 (routable; NCCL's choice), the family (IPv4 first when none is
+  // asked for), the netdev.
+  int score = e.gid_type == IBV_GID_TYPE_ROCE_V2 ? 16 : 8;
+  score += v4 || !policy.family.empty() ? 4 : 2;
+  if (!policy.ifname_spec.empty() && !netdev.empty() &&
+      net::ifname_matches(policy.ifname_spec, netdev)) {
+    score += 1;
+  }
+  return score;
+}
+
+namespace {
+
+// The name of the netdev behind a GID entry ("" when unknown).
+std::string netdev_of(const ibv_gid_entry& e) {
+  char name[IF_NAMESIZE] = {};
+  if (e.ndev_ifindex == 0 || if_indextoname(e.ndev_ifindex, name) == nullptr) return "";
+  return name;
+}
+
+}  // namespace
+
+Result<std::shared_ptr<Device>> Device::open(const HcaFilter& filter, const GidPolicy& gids) {
   int n = 0;
   ibv_device** list = ibv_get_device_list(&n);
   // No RDMA subsystem (ENOSYS on this kind of host) or no device: not usable here.
@@ -156,7 +185,7 @@ Result<std::shared_ptr<Device>> Device::open(const HcaFilter& filter, int forced
       dev->max_qp_wr_ = static_cast<uint32_t>(attr.max_qp_wr);
       dev->max_cqe_ = attr.max_cqe;
       dev->ctx_ = std::move(ctx);
-      CHORUS_RETURN_IF_ERROR(dev->choose_gid(attr.phys_port_cnt, forced_gid_index));
+      CHORUS_RETURN_IF_ERROR(dev->choose_gid(attr.phys_port_cnt, gids));
       dev->pd_.reset(ibv_alloc_pd(dev->ctx_.get()));
       if (!dev->pd_) return system_error(errno, fmt::format("verbs: ibv_alloc_pd on {}", name));
       const int fd = dev->ctx_->async_fd;
@@ -169,7 +198,8 @@ Result<std::shared_ptr<Device>> Device::open(const HcaFilter& filter, int forced
   return std::shared_ptr<Device>();
 }
 
-Status Device::choose_gid(int ports, int forced) {
+Status Device::choose_gid(int ports, const GidPolicy& policy) {
+  const int forced = policy.forced_index;
   if (!roce()) {  // InfiniBand: addressed by LID; GID 0 for the record
     gid_index_ = 0;
     gid_type_ = "IB";
@@ -192,7 +222,7 @@ Status Device::choose_gid(int ports, int forced) {
   }
   int best = 0;
   for (const ibv_gid_entry& e : gid_entries(ctx_.get(), port_, port_attr_.gid_tbl_len, ports)) {
-    int score = e.gid_index <= kMaxGidIndex ? gid_score(e) : 0;
+    int score = e.gid_index <= kMaxGidIndex ? gid_score(e, netdev_of(e), policy) : 0;
     if (score > best || (score == best && score > 0 && static_cast<int>(e.gid_index) < gid_index_)) {
       best = score;
       gid_index_ = static_cast<int>(e.gid_index);
@@ -201,6 +231,12 @@ Status Device::choose_gid(int ports, int forced) {
     }
   }
   if (best == 0) {
+    if (!policy.family.empty()) {
+      return invalid_argument("verbs: {} port {} (RoCE) has no routable {} GID "
+                              "(NCCL_IB_ADDR_FAMILY={}); set NCCL_IB_GID_INDEX to force one",
+                              name_, port_, policy.family == "AF_INET" ? "IPv4" : "IPv6",
+                              policy.family);
+    }
     return make_status(Code::kSystemError,
                        "verbs: {} port {} (RoCE) has no routable GID yet (no IP address on its "
                        "netdev?); set NCCL_IB_GID_INDEX to force one",

@@ -38,13 +38,28 @@ struct QpSettings {
 };
 QpSettings qp_settings_from_params();
 
+// How a RoCE port's GID is chosen (NCCL's variables): `forced_index` >= 0 takes that index
+// (NCCL_IB_GID_INDEX). Otherwise the best usable GID: RoCE v2 before v1; of the address family
+// `family` ("AF_INET": IPv4-mapped, "AF_INET6": routable IPv6; NCCL_IB_ADDR_FAMILY) only when
+// it is set, IPv4 before IPv6 when it is empty; and, other things equal, one whose netdev
+// matches `ifname_spec` (NCCL_SOCKET_IFNAME syntax) before others.
+struct GidPolicy {
+  int forced_index = -1;
+  std::string family;
+  std::string ifname_spec;
+};
+GidPolicy gid_policy_from_params();
+
+// The preference of GID entry `e`, whose netdev is `netdev` ("" unknown), under `policy`; 0:
+// not usable (zero, link-local, InfiniBand, another family than the one asked for).
+int gid_score(const ibv_gid_entry& e, const std::string& netdev, const GidPolicy& policy);
+
 class Device {
  public:
-  // The first active port of a device that `filter` admits, with its GID (`forced_gid_index`
-  // >= 0 forces one). A null device (not an error) when this host has no RDMA device, or none
-  // that the filter admits. Errors: a device that cannot be opened, or a RoCE port without a
-  // usable GID.
-  static Result<std::shared_ptr<Device>> open(const HcaFilter& filter, int forced_gid_index);
+  // The first active port of a device that `filter` admits, with its GID chosen by `gids`. A
+  // null device (not an error) when this host has no RDMA device, or none that the filter
+  // admits. Errors: a device that cannot be opened, or a RoCE port without a usable GID.
+  static Result<std::shared_ptr<Device>> open(const HcaFilter& filter, const GidPolicy& gids);
   ~Device();
   Device(const Device&) = delete;
   Device& operator=(const Device&) = delete;
@@ -68,8 +83,8 @@ class Device {
 
  private:
   Device() = default;
-  // Picks the GID of port_ (ctx_ and port_attr_ set): `forced` >= 0, or the best RoCE one.
-  Status choose_gid(int ports, int forced);
+  // Picks the GID of port_ (ctx_ and port_attr_ set) as `policy` says.
+  Status choose_gid(int ports, const GidPolicy& policy);
   void read_async_events();
 
   IbvPtr<ibv_context> ctx_;  // declared first: destroyed last

@@ -367,7 +367,7 @@ Result<std::unique_ptr<TransportInstance>> open_instance(const TransportContext&
   }
   CHORUS_ASSIGN_OR_RETURN(HcaFilter filter, parse_hca_filter(params::kIbHca.get()));
   CHORUS_ASSIGN_OR_RETURN(std::shared_ptr<Device> device,
-                          Device::open(filter, static_cast<int>(params::kIbGidIndex.get())));
+                          Device::open(filter, gid_policy_from_params()));
   if (!device) return std::unique_ptr<TransportInstance>();  // no RDMA here
   if (options.slot_bytes > device->port_attr().max_msg_sz) {
     return invalid_argument("verbs: slots of {} bytes exceed {}'s largest message ({} bytes)",
