@@ -4,12 +4,18 @@
 // reads from each peer before it connects QPs and writes into the peer's memory. Input: one byte
 // (the reader's rank, modulo the blob's nranks), then the blob; the expectations (rank, nranks,
 // channels, slots, slot bytes, QPs per connection) are taken from the blob's own header, so that
-// the fuzzer gets past them. What parses must encode back to exactly the input.
+// the fuzzer gets past them. What parses must encode back to exactly the input. The same bytes
+// also go through split_side_address (verbs_side.h), the trailer that carries the address of
+// the peer's side channel: what splits is a prefix and an IPv4/IPv6 address, and appending that
+// address again splits back to the same.
+#include <sys/socket.h>
+
 #include <cstring>
 #include <string>
 
 #include "common/bytes.h"
 #include "fuzz_common.h"
+#include "transports/verbs/verbs_side.h"
 #include "transports/verbs/verbs_wire.h"
 
 using namespace chorus::verbs;
@@ -22,6 +28,21 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size < 1) return 0;
   const std::string blob(reinterpret_cast<const char*>(data + 1), size - 1);
+  std::string_view verbs_part;
+  chorus::net::SockAddr side;
+  chorus::Status split = split_side_address(blob, &verbs_part, &side, "rank ?");
+  if (split.ok()) {
+    FUZZ_CHECK(verbs_part.size() < blob.size());
+    FUZZ_CHECK(blob.compare(0, verbs_part.size(), verbs_part) == 0);
+    FUZZ_CHECK(side.family() == AF_INET || side.family() == AF_INET6);
+    const std::string again = append_side_address(std::string(verbs_part), side);
+    std::string_view verbs_again;
+    chorus::net::SockAddr side_again;
+    FUZZ_CHECK(split_side_address(again, &verbs_again, &side_again, "rank ?").ok());
+    FUZZ_CHECK(verbs_again == verbs_part && side_again == side);
+  } else {
+    FUZZ_CHECK(!split.message().empty());
+  }
   BlobExpect e;
   if (blob.size() >= 32) {
     const auto* p = reinterpret_cast<const uint8_t*>(blob.data());
