@@ -50,7 +50,8 @@ done
 #     ranks, automatic transports, host streams with their threads, registered buffers on host
 #     streams) do not; ASan and the normal stage run them all;
 #   - both: the launcher and layering checks (a shell script around chorus-run, and builds of
-#     probe files), which exercise no instrumented code.
+#     probe files), which exercise no instrumented code, and the tools' checks (tools:, scripts
+#     around chorus-info, which these builds do not build).
 # and with fewer datatypes (CHORUS_TEST_DATATYPES, tests/support/coll_check.h): the transports
 # and algorithms depend on the element size only, and every datatype's kernels are checked
 # by the unit tests. ASan keeps one datatype of each size (int8, half, float, double), since
@@ -59,7 +60,7 @@ done
 core_tests=(chorus_unit_tests chorus_ranks_tests chorus_mp_tests chorus_mp_worker
             chorus_fault_tests)
 core_labels='^(unit|ranks|mp)$'
-not_instrumented='^(abi|install|example|netns|launcher|layers):'
+not_instrumented='^(abi|install|example|netns|launcher|layers|tools):'
 default_matrix='^ranks:.* matrix with [0-9]+ ranks$'
 second_rank_count='^mp:multi-process matrix (over shared memory with 4|over TCP with 2|over UCX \(tcp\) with 2|over UCX \(shared memory\) with 4) ranks$'
 asan_exclude="$not_instrumented|$default_matrix|$second_rank_count"
