@@ -9,8 +9,8 @@
 # endpoint timeout after 30 s, while ib_send_bw -c UD passes on the same device), so the wire-up
 # goes over tcp on the host's own interface (lo, or the host's veth under two_hosts.sh). The
 # device's sent_pkts counter must grow by at least CHORUS_RDMA_MIN_PACKETS (50000; the 2-rank
-# matrix sends ~360000 1 KiB packets with every datatype, a third of that with the 4 datatypes
-# of the rdma stage), and under two_hosts.sh the link between the hosts must
+# matrix sent ~360000 1 KiB packets with every datatype; the rdma stage runs 4 datatypes, fewer
+# packets, still above the minimum), and under two_hosts.sh the link between the hosts must
 # carry packets too.
 #   ucx_matrix_test.sh CHORUS_RUN WORKER NRANKS [worker args...]
 # Single host: all ranks on $CHORUS_RDMA_DEV / $RXE_DEV / the first device. Under two_hosts.sh
