@@ -91,3 +91,38 @@ rdma_in_netns() {  # netns command...
   shift
   if [ -n "$ns" ]; then ip netns exec "$ns" "$@"; else "$@"; fi
 }
+
+# Proof that a run's data went over RDMA. rdma_count_start DEV...: records each device's
+# sent_pkts and, under two_hosts.sh, the packets of the link between the hosts
+# (CHORUS_RDMA_LINKS). rdma_count_check MIN, after the run: exits 1 unless every device sent
+# at least MIN packets since, and the link (if any) at least 1000.
+rdma_count_start() {  # dev...
+  _rdma_devs=("$@")
+  _rdma_before=()
+  local d
+  for d in "$@"; do _rdma_before+=("$(rdma_counter "$d" sent_pkts)"); done
+  _rdma_wire0=
+  if [ -n "${CHORUS_RDMA_LINKS:-}" ]; then
+    _rdma_wire0=$(rdma_link_tx_packets "${CHORUS_RDMA_LINKS%%,*}")
+  fi
+}
+
+rdma_count_check() {  # min_packets
+  local i after wire1
+  for i in "${!_rdma_devs[@]}"; do
+    after=$(rdma_counter "${_rdma_devs[$i]}" sent_pkts)
+    echo "${_rdma_devs[$i]} sent_pkts: ${_rdma_before[$i]} -> $after"
+    if [ $((after - _rdma_before[i])) -lt "$1" ]; then
+      echo "FAIL: ${_rdma_devs[$i]} sent fewer than $1 packets: the data did not go over RDMA"
+      exit 1
+    fi
+  done
+  if [ -n "$_rdma_wire0" ]; then
+    wire1=$(rdma_link_tx_packets "${CHORUS_RDMA_LINKS%%,*}")
+    echo "link ${CHORUS_RDMA_LINKS%%,*} tx_packets: $_rdma_wire0 -> $wire1"
+    if [ $((wire1 - _rdma_wire0)) -lt 1000 ]; then
+      echo "FAIL: no RDMA traffic crossed the link between the hosts"
+      exit 1
+    fi
+  fi
+}

@@ -29,27 +29,9 @@ else
   launch=("$run" -n "$nranks" --timeout 600 "$worker" "$@")
 fi
 IFS=, read -ra devs <<< "$devices"
-before=()
-for d in "${devs[@]}"; do before+=("$(rdma_counter "$d" sent_pkts)"); done
-wire0=
-if [ -n "${CHORUS_RDMA_LINKS:-}" ]; then wire0=$(rdma_link_tx_packets "${CHORUS_RDMA_LINKS%%,*}"); fi
+rdma_count_start "${devs[@]}"
 echo "verbs devices ${devices}${CHORUS_RDMA_NETNS:+ hosts $CHORUS_RDMA_NETNS}: ${launch[*]}"
 start=$(date +%s)
 "${launch[@]}" || exit 1
 echo "matrix: $nranks ranks passed in $(($(date +%s) - start)) s"
-for i in "${!devs[@]}"; do
-  after=$(rdma_counter "${devs[$i]}" sent_pkts)
-  echo "${devs[$i]} sent_pkts: ${before[$i]} -> $after"
-  if [ $((after - before[i])) -lt "$min_packets" ]; then
-    echo "FAIL: ${devs[$i]} sent fewer than $min_packets packets: the data did not go over RDMA"
-    exit 1
-  fi
-done
-if [ -n "$wire0" ]; then
-  wire1=$(rdma_link_tx_packets "${CHORUS_RDMA_LINKS%%,*}")
-  echo "link ${CHORUS_RDMA_LINKS%%,*} tx_packets: $wire0 -> $wire1"
-  if [ $((wire1 - wire0)) -lt 1000 ]; then
-    echo "FAIL: no RDMA traffic crossed the link between the hosts"
-    exit 1
-  fi
-fi
+rdma_count_check "$min_packets"
