@@ -6,7 +6,6 @@
 // directly: encode at half of memcpy's figure takes twice memcpy's time on the same tensor.
 // See README.md.
 #include <benchmark/benchmark.h>
-#include <sched.h>
 
 #include <cstdint>
 #include <cstdio>
@@ -16,6 +15,7 @@
 #include <random>
 #include <string>
 
+#include "bench/micro/pin_cpu.h"
 #include "kernels/compress/block_codec.h"
 #include "kernels/reduce/reduce.h"
 
@@ -133,27 +133,12 @@ void register_all() {
   }
 }
 
-// Pins the process to one CPU (--cpu=N; default: the one it starts on; --cpu=-1: no pinning).
-void pin_cpu(int argc, char** argv) {
-  int cpu = sched_getcpu();
-  for (int i = 1; i < argc; ++i) {
-    if (std::strncmp(argv[i], "--cpu=", 6) == 0) cpu = std::atoi(argv[i] + 6);
-  }
-  if (cpu < 0) return;
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  CPU_SET(cpu, &set);
-  if (sched_setaffinity(0, sizeof(set), &set) != 0) {
-    std::fprintf(stderr, "codec_bench: cannot pin to CPU %d; running unpinned\n", cpu);
-  }
-}
-
 }  // namespace
 }  // namespace chorus::kernels
 
 int main(int argc, char** argv) {
   benchmark::Initialize(&argc, argv);
-  chorus::kernels::pin_cpu(argc, argv);
+  chorus::bench::pin_cpu(argc, argv, "codec_bench");
   benchmark::AddCustomContext("codecs_auto", chorus::kernels::codecs().isa);
   chorus::kernels::register_all();
   benchmark::RunSpecifiedBenchmarks();

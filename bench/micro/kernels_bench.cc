@@ -3,7 +3,6 @@
 // Google Benchmark of the reduction kernels per ISA table, datatype and operator, 4 KiB..64 MiB
 // per buffer, beside memcpy and the tables' copy on the same buffer sizes. See README.md.
 #include <benchmark/benchmark.h>
-#include <sched.h>
 
 #include <cstdint>
 #include <cstdio>
@@ -14,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/micro/pin_cpu.h"
 #include "common/dtype.h"
 #include "kernels/reduce/reduce.h"
 
@@ -146,28 +146,12 @@ void register_all() {
   }
 }
 
-// Pins the process to one CPU (--cpu=N; default: the one it starts on; --cpu=-1: no pinning),
-// so the measurement does not migrate between cores and caches.
-void pin_cpu(int argc, char** argv) {
-  int cpu = sched_getcpu();
-  for (int i = 1; i < argc; ++i) {
-    if (std::strncmp(argv[i], "--cpu=", 6) == 0) cpu = std::atoi(argv[i] + 6);
-  }
-  if (cpu < 0) return;
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  CPU_SET(cpu, &set);
-  if (sched_setaffinity(0, sizeof(set), &set) != 0) {
-    std::fprintf(stderr, "kernels_bench: cannot pin to CPU %d; running unpinned\n", cpu);
-  }
-}
-
 }  // namespace
 }  // namespace chorus::kernels
 
 int main(int argc, char** argv) {
   benchmark::Initialize(&argc, argv);  // removes the --benchmark_* flags it knows
-  chorus::kernels::pin_cpu(argc, argv);
+  chorus::bench::pin_cpu(argc, argv, "kernels_bench");
   benchmark::AddCustomContext("kernels_auto", chorus::kernels::select_kernels("AUTO").isa);
   chorus::kernels::register_all();
   benchmark::RunSpecifiedBenchmarks();
