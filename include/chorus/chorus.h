@@ -8,6 +8,7 @@
 
 #include <nccl.h>
 #include <chorus/stream.h>
+#include <chorus/compress.h>
 
 #define CHORUS_MAJOR 0
 #define CHORUS_MINOR 1
