@@ -85,26 +85,28 @@ rate_bps() {
   esac
 }
 
-# shape_dev NS DEV RATE BURST LIMIT DELAY: tbf (and netem under it for a delay), replaced in
-# place, so that it can change while traffic flows.
+# shape_dev NS DEV RATE BURST LIMIT DELAY: tbf (under netem for a delay) as the root qdisc of
+# DEV, changeable while traffic flows. Each call grafts a new qdisc (handles 1: and 2: in turn)
+# in one `tc qdisc replace`: changing a tbf in place (same handle) left its queue stalled here
+# (kernel 6.18, a GSO backlog: 0 bit/s until the handle changed).
 shape_dev() {
-  local ns=$1 dev=$2 rate=$3 burst=$4 limit=$5 delay=$6 bps
+  local ns=$1 dev=$2 rate=$3 burst=$4 limit=$5 delay=$6 bps handle=1
   bps=$(rate_bps "$rate")
-  # Default burst: 2 ms at the rate, at least 32 KiB (one GSO segment of 64 KiB is cut by tbf).
+  # Default burst: 2 ms at the rate, at least 32 KiB (GSO packets larger than it are cut by tbf).
   [ -n "$burst" ] || burst=$((bps / 8 / 500 > 32768 ? bps / 8 / 500 : 32768))
   local qlimit=(latency 50ms)
   [ -z "$limit" ] || qlimit=(limit "$limit")
+  ip netns exec "$ns" tc qdisc show dev "$dev" root | grep -q "^qdisc [a-z]* 1: root" && handle=2
   if [ -n "$delay" ]; then
-    ip netns exec "$ns" tc qdisc show dev lo > /dev/null
     if ! ip netns exec "$ns" tc qdisc add dev lo root netem delay 0ms 2> /dev/null; then
       echo "testbed: --delay needs the netem qdisc (sch_netem), which this kernel lacks" >&2
       return 1
     fi
     ip netns exec "$ns" tc qdisc del dev lo root 2> /dev/null
-    ip netns exec "$ns" tc qdisc replace dev "$dev" root handle 1: netem delay "$delay" limit 100000 || return 1
-    ip netns exec "$ns" tc qdisc replace dev "$dev" parent 1:1 handle 10: tbf rate "$rate" burst "$burst" "${qlimit[@]}"
+    ip netns exec "$ns" tc qdisc replace dev "$dev" root handle "$handle": netem delay "$delay" limit 100000 || return 1
+    ip netns exec "$ns" tc qdisc replace dev "$dev" parent "$handle":1 handle "${handle}0": tbf rate "$rate" burst "$burst" "${qlimit[@]}"
   else
-    ip netns exec "$ns" tc qdisc replace dev "$dev" root handle 1: tbf rate "$rate" burst "$burst" "${qlimit[@]}"
+    ip netns exec "$ns" tc qdisc replace dev "$dev" root handle "$handle": tbf rate "$rate" burst "$burst" "${qlimit[@]}"
   fi
 }
 
@@ -346,8 +348,7 @@ cmd_link() {
   ip -n "$(host_ns "$1")" link set "rail$2" "$3" || die "link $3 failed"
   if [ "$3" = up ]; then
     # Wait for the veth to carry again (carrier comes back at once on a veth).
-    local i
-    for i in $(seq 50); do
+    for _ in $(seq 50); do
       ip -n "$(host_ns "$1")" -br link show "rail$2" | grep -q ' UP ' && break
       sleep 0.1
     done
@@ -390,9 +391,11 @@ cmd_traffic() {
   esac
   [ ! -f "$pidfile" ] || die "traffic already runs on host $h rail $r"
   local port=$((5201 + h)) server client
-  local snet="/run/netns/$(switch_ns "$r")" hnet="/run/netns/$(host_ns "$h")"
-  local saddr
+  local snet hnet saddr haddr
+  snet="/run/netns/$(switch_ns "$r")"
+  hnet="/run/netns/$(host_ns "$h")"
   saddr=$(switch_addr "$r")
+  haddr=$(rail_addr "$h" "$r")
   if command -v iperf3 > /dev/null && [ -z "${TESTBED_NO_IPERF3:-}" ]; then
     local opts=(-t 86400 -i 0 -l 128K)
     case "$dir" in
@@ -404,31 +407,32 @@ cmd_traffic() {
     [ -z "$bitrate" ] || opts+=(-b "$bitrate")
     setsid nsenter --net="$snet" -- iperf3 -s -B "$saddr" -p "$port" -1 > "$st/$tag.server.log" 2>&1 < /dev/null &
     server=$!
-    local i
-    for i in $(seq 50); do
+    for _ in $(seq 50); do
       nsenter --net="$snet" -- ss -ltn 2> /dev/null | grep -q "$saddr:$port" && break
       sleep 0.1
     done
     setsid nsenter --net="$hnet" --uts="$(uts_file "$h")" -- \
-      iperf3 -c "$saddr" -p "$port" -B "$(rail_addr "$h" "$r")" "${opts[@]}" > "$st/$tag.client.log" 2>&1 < /dev/null &
+      iperf3 -c "$saddr" -p "$port" -B "$haddr" "${opts[@]}" > "$st/$tag.client.log" 2>&1 < /dev/null &
     client=$!
   else
-    command -v python3 > /dev/null || die "traffic: needs iperf3 (scripts/install-deps.sh) or python3"
+    local py=/usr/bin/python3  # not a shim (pyenv): the pid we keep must be python's
+    [ -x "$py" ] || py=$(command -v python3) || die "traffic: needs iperf3 (scripts/install-deps.sh) or python3"
     [ -z "$bitrate" ] || log "traffic: --bitrate needs iperf3; sending at full speed"
-    [ "$dir" = up ] || log "traffic: the python fallback sends host -> switch only"
+    [ "$dir" = up ] || log "traffic: the python fallback sends host -> switch only (--dir up)"
+    dir="up, python3"
     local py_sink="import socket
 s=socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
 s.bind(('$saddr', $port)); s.listen(1); c,_=s.accept()
 while c.recv(1<<20): pass"
     local py_src="import socket,time
-for i in range(50):
-    try: c=socket.create_connection(('$saddr', $port), source_address=('$(rail_addr "$h" "$r")', 0)); break
+for i in range(100):
+    try: c=socket.create_connection(('$saddr', $port), source_address=('$haddr', 0)); break
     except OSError: time.sleep(0.1)
 b=bytes(1<<20)
 while True: c.sendall(b)"
-    setsid nsenter --net="$snet" -- python3 -c "$py_sink" > "$st/$tag.server.log" 2>&1 < /dev/null &
+    setsid nsenter --net="$snet" -- "$py" -c "$py_sink" > "$st/$tag.server.log" 2>&1 < /dev/null &
     server=$!
-    setsid nsenter --net="$hnet" --uts="$(uts_file "$h")" -- python3 -c "$py_src" > "$st/$tag.client.log" 2>&1 < /dev/null &
+    setsid nsenter --net="$hnet" --uts="$(uts_file "$h")" -- "$py" -c "$py_src" > "$st/$tag.client.log" 2>&1 < /dev/null &
     client=$!
   fi
   printf '%s\n%s\n' "$client" "$server" > "$pidfile"
@@ -509,7 +513,7 @@ cmd_rank() {
       [ "$j" -lt "$rank" ] && lr=$((lr + 1))
       ls=$((ls + 1))
     done
-    extra+=(CHORUS_LOCAL_RANK=$lr LOCAL_RANK=$lr LOCAL_WORLD_SIZE=$ls)
+    extra+=("CHORUS_LOCAL_RANK=$lr" "LOCAL_RANK=$lr" "LOCAL_WORLD_SIZE=$ls")
   fi
   # shellcheck disable=SC2046
   # ip netns exec for the namespace's own /sys (chorus-run --netns only enters the net ns).
