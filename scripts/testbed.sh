@@ -25,13 +25,15 @@
 #
 # HOST and RAIL are numbers from 0. Names: namespaces tbed-<N>-h<h> (hosts) and tbed-<N>-s<r>
 # (rail switches); state (config, UTS namespace files, traffic pids and logs) in
-# /run/testbed/<N>/ (TESTBED_STATE_ROOT overrides /run/testbed). Default name: "0".
+# /run/testbed/<N>/ (TESTBED_STATE_ROOT overrides /run/testbed). Default name: $TESTBED_NAME,
+# else "0" (exec: x<pid>).
 set -uo pipefail
 
 PREFIX=tbed
 STATE_ROOT=${TESTBED_STATE_ROOT:-/run/testbed}
 SELF=$(readlink -f "${BASH_SOURCE[0]}")
 NAME=${TESTBED_NAME:-0}
+NAME_GIVEN=${TESTBED_NAME:+1}
 
 die() { echo "testbed: $*" >&2; exit 1; }
 log() { [ -n "${TESTBED_QUIET:-}" ] || echo "testbed: $*" >&2; }
@@ -600,7 +602,7 @@ main() {
   local rest=()
   while [ $# -gt 0 ]; do
     case "$1" in
-      --name) NAME=$2; shift 2 ;;
+      --name) NAME=$2; NAME_GIVEN=1; shift 2 ;;
       --) rest+=("$@"); break ;;
       *)
         if [ "$cmd" = run ] || [ "$cmd" = rank ] || [ "$cmd" = launch ]; then
@@ -615,6 +617,8 @@ main() {
         ;;
     esac
   done
+  # exec without a name: one of its own (x<pid>), so that one-shot beds never collide.
+  [ "$cmd" != exec ] || [ -n "$NAME_GIVEN" ] || NAME=x$$
   check_name
   need_root
   set -- "${rest[@]+"${rest[@]}"}"
