@@ -73,6 +73,23 @@ inline size_t block_offset(size_t count, int parts, int i) {
 }
 inline int mod(int a, int n) { return ((a % n) + n) % n; }
 
+// The communicator's ring (Comm::ring(): each host's ranks adjacent) seen from this rank.
+class RingView {
+ public:
+  explicit RingView(const OpContext& ctx);
+  int pos() const { return pos_; }
+  int pos_of(int rank) const;
+  // The rank `offset` positions after this one (before it when negative).
+  int at(int offset) const { return order_[mod(pos_ + offset, n_)]; }
+  int next() const { return at(1); }
+  int prev() const { return at(-1); }
+
+ private:
+  const Comm& comm_;
+  const std::vector<int>& order_;
+  int pos_, n_;
+};
+
 // Folds n ranks onto the largest power of two p2 <= n, as recursive doubling and halving
 // need: of the first 2*(n - p2) ranks, the even ones hand their data to the next (odd) rank
 // and sit out; every other rank takes part with a virtual rank in [0, p2).

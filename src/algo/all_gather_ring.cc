@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // File: src/algo/all_gather_ring.cc
-// Ring AllGather: each rank places its block, then n-1 steps forward the block received last.
+// Ring AllGather: each rank places its block, then n-1 steps forward the block received last
+// (around RingView's ring: each host's ranks are adjacent).
 
 #include "algo/algo.h"
 
@@ -11,9 +12,10 @@ Task all_gather_ring(OpContext& ctx, Args a) {
   const size_t bytes = a.count * a.elem_size;  // one block (count = sendcount)
   if (bytes == 0) co_return Status();
   copy_result_if_needed(a.out + r * bytes, a.in, bytes);
-  const int next = mod(r + 1, n), prev = mod(r - 1, n);
+  const RingView ring(ctx);
+  const int next = ring.next(), prev = ring.prev();
   for (int s = 0; s < n - 1; ++s) {
-    int sb = mod(r - s, n), rb = mod(r - s - 1, n);
+    int sb = ring.at(-s), rb = ring.at(-s - 1);
     SendRequest sreq;
     RecvRequest rreq;
     ctx.send(sreq, next, a.channel, a.out + sb * bytes, bytes);

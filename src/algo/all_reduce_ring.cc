@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // File: src/algo/all_reduce_ring.cc
-// Ring AllReduce: a reduce-scatter ring leaves rank r with the reduced block r, then an
-// all-gather ring circulates the reduced blocks. Each rank sends and receives 2(n-1)/n of the
+// Ring AllReduce: a reduce-scatter ring leaves the rank at ring position p with the reduced
+// block p, then an all-gather ring circulates the reduced blocks (blocks are numbered by ring
+// position: the ring keeps each host's ranks together, RingView). Each rank sends and receives 2(n-1)/n of the
 // data; the receive side reduces straight from the transport (no staging copy).
 #include <cstring>
 
@@ -10,13 +11,15 @@
 namespace chorus::algo {
 
 Task all_reduce_ring(OpContext& ctx, Args a) {
-  const int n = ctx.nranks(), r = ctx.rank();
+  const int n = ctx.nranks();
+  const RingView ring(ctx);
+  const int r = ring.pos();
   const size_t es = a.elem_size;
   if (n == 1) {
     if (a.out != a.in && a.count > 0) std::memcpy(a.out, a.in, a.count * es);
     co_return Status();
   }
-  const int next = mod(r + 1, n), prev = mod(r - 1, n);
+  const int next = ring.next(), prev = ring.prev();
   auto off = [&](int b) { return block_offset(a.count, n, b) * es; };
   auto len = [&](int b) { return block_count(a.count, n, b) * es; };
 

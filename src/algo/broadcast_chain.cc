@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // File: src/algo/broadcast_chain.cc
-// Pipelined chain Broadcast: root -> root+1 -> ... -> root-1, in chunks of CHORUS_CHUNK_BYTES,
+// Pipelined chain Broadcast from the root around the ring (RingView: each host's ranks
+// adjacent, so the chain crosses between hosts once per host), in chunks of CHORUS_CHUNK_BYTES,
 // so a rank forwards chunk c while chunk c+1 is still arriving. Time ~ size/bandwidth +
 // (n-1) chunk latencies.
 #include <algorithm>
@@ -12,12 +13,13 @@
 namespace chorus::algo {
 
 Task broadcast_chain(OpContext& ctx, Args a) {
-  const int n = ctx.nranks(), r = ctx.rank();
+  const int n = ctx.nranks();
   const size_t bytes = a.count * a.elem_size;
   if (bytes == 0) co_return Status();
-  const int pos = mod(r - a.root, n);
-  const int from = pos > 0 ? mod(r - 1, n) : -1;
-  const int to = pos < n - 1 ? mod(r + 1, n) : -1;
+  const RingView ring(ctx);
+  const int pos = mod(ring.pos() - ring.pos_of(a.root), n);  // hops from the root
+  const int from = pos > 0 ? ring.prev() : -1;
+  const int to = pos < n - 1 ? ring.next() : -1;
   if (pos == 0) copy_result_if_needed(a.out, a.in, bytes);
   if (n == 1) co_return Status();
 

@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // File: src/algo/reduce_chain.cc
-// Pipelined chain Reduce towards the root: the rank farthest from the root sends its input,
-// every rank in between folds its own input into what arrives and passes it on, chunk by
-// chunk, and the root folds the last step into recvbuf.
+// Pipelined chain Reduce towards the root along the ring (RingView): the rank farthest from
+// the root sends its input, every rank in between folds its own input into what arrives and
+// passes it on, chunk by chunk, and the root folds the last step into recvbuf.
 #include <algorithm>
 #include <cstring>
 #include <memory>
@@ -13,16 +13,17 @@
 namespace chorus::algo {
 
 Task reduce_chain(OpContext& ctx, Args a) {
-  const int n = ctx.nranks(), r = ctx.rank();
+  const int n = ctx.nranks();
   const size_t bytes = a.count * a.elem_size;
   if (bytes == 0) co_return Status();
   if (n == 1) {
     if (a.out != a.in) std::memcpy(a.out, a.in, bytes);
     co_return Status();
   }
-  const int pos = mod(r - a.root, n);
-  const int from = pos < n - 1 ? mod(r + 1, n) : -1;  // farther from the root
-  const int to = pos > 0 ? mod(r - 1, n) : -1;        // nearer the root
+  const RingView ring(ctx);
+  const int pos = mod(ring.pos() - ring.pos_of(a.root), n);  // hops from the root
+  const int from = pos < n - 1 ? ring.next() : -1;  // farther from the root
+  const int to = pos > 0 ? ring.prev() : -1;        // nearer the root
 
   size_t chunk = static_cast<size_t>(params::kChunkBytes.get());
   chunk = std::max(a.elem_size, chunk / a.elem_size * a.elem_size);

@@ -36,6 +36,14 @@ size_t send_elements(const CollCall& c, int nranks) {
 
 }  // namespace
 
+RingView::RingView(const OpContext& ctx)
+    : comm_(ctx.comm()),
+      order_(ctx.comm().ring()),
+      pos_(ctx.comm().ring_pos(ctx.rank())),
+      n_(ctx.nranks()) {}
+
+int RingView::pos_of(int rank) const { return comm_.ring_pos(rank); }
+
 void copy_if_needed(void* dst, const void* src, size_t bytes) {
   if (bytes > 0 && dst != src) std::memcpy(dst, src, bytes);
 }

@@ -130,6 +130,9 @@ StringParam kTunerFile("TUNER_FILE", nullptr, "", nullptr,
                        "cost-model parameters to use instead of measuring (see chorus-info --tune)");
 StringParam kKernels("KERNELS", nullptr, "AUTO", "AUTO,SCALAR,AVX2,AVX512",
                      "reduction kernel table (AUTO: the best the CPU supports)");
+StringParam kRing("RING", nullptr, "HOST", "HOST,RANK",
+                  "order of the ring algorithms: HOST keeps each host's ranks adjacent (the ring "
+                  "crosses between hosts once per host), RANK follows rank order");
 StringParam kCompress("COMPRESS", nullptr, "OFF", "OFF,FP8_E4M3,FP8_E5M2",
                       "plain AllReduce / ReduceScatter of fp32, bf16 and fp16 send block-scaled FP8 "
                       "(include/chorus/compress.h): OFF, FP8_E4M3 or FP8_E5M2");
@@ -156,7 +159,7 @@ const std::vector<Param*>& all() {
       &kIbHca, &kIbAddrFamily, &kIbGidIndex, &kIbTimeout, &kIbRetryCnt, &kIbTc, &kIbSl, &kIbSlots, &kIbSlotBytes, &kIbRdvBytes, &kIbQpsPerConnection, &kTimeoutMs,   &kSpinUs,       &kLivenessMs,
       &kFlightRecorderOps, &kCommBlocking,
       &kAlgo,         &kChunkBytes,    &kTuner,        &kTunerFile,   &kKernels,
-      &kRegCacheBytes, &kCompress, &kCompressPolicy, &kCompressMinBytes, &kCompressBlock,
+      &kRegCacheBytes, &kRing, &kCompress, &kCompressPolicy, &kCompressMinBytes, &kCompressBlock,
       &kCompressScale,
   };
   return list;

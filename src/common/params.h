@@ -137,6 +137,7 @@ extern StringParam kAlgo;
 extern IntParam kChunkBytes;
 extern StringParam kTuner;
 extern StringParam kTunerFile;
+extern StringParam kRing;
 extern StringParam kCompress;
 extern StringParam kCompressPolicy;
 extern IntParam kCompressMinBytes;

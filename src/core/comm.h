@@ -109,6 +109,11 @@ class Comm : public std::enable_shared_from_this<Comm> {
   Connection* conn(int peer, int channel) const { return conns_[peer][channel].get(); }
   // Every path to `peer` (its channels), seen through the chunk layer (transports/chunk.h).
   PeerLink* link(int peer) const { return links_[peer].get(); }
+  // The ring the ring algorithms follow: ring()[p] is the rank at position p, ring_pos(r) the
+  // position of rank r. Each host's ranks are adjacent (CHORUS_RING=HOST, the default), or the
+  // ring is rank order (RANK). The same on every rank.
+  const std::vector<int>& ring() const { return ring_; }
+  int ring_pos(int rank) const { return ring_pos_[rank]; }
   // The cost model the tuner chooses algorithms with (agreed by every rank at setup).
   const algo::CostModel& cost_model() const { return model_; }
   // The tuner's choice for a call, memoised (drive lock held: called from operations).
@@ -215,12 +220,14 @@ class Comm : public std::enable_shared_from_this<Comm> {
   // Opens every registered transport (those that fail to open are left out of PeerInfo).
   void open_transports(PeerInfo* me);
   Status connect_transports(const std::vector<PeerInfo>& infos);
+  void set_ring_order();  // from peers_
 
   CommIdentity id_;
   algo::CostModel model_;
   int channels_ = 1;
   int cu_device_ = -1;
   std::vector<PeerInfo> peers_;
+  std::vector<int> ring_, ring_pos_;
   std::vector<const TransportDesc*> transport_;                  // [peer]
   std::vector<std::vector<std::unique_ptr<Connection>>> conns_;  // [peer][channel]
   std::vector<std::unique_ptr<PeerLink>> links_;                 // [peer], over conns_[peer]

@@ -217,6 +217,7 @@ Status Comm::setup(const ExchangeFn& exchange) {
     infos.push_back(std::move(info));
   }
   peers_ = infos;
+  set_ring_order();
   int on_host = 0;
   for (const PeerInfo& info : infos) on_host += info.host_hash == me.host_hash ? 1 : 0;
   process.note_local_ranks(on_host);
@@ -235,8 +236,10 @@ Status Comm::setup(const ExchangeFn& exchange) {
       for (const TransportDesc* d : transport_) n += d == t.desc ? 1 : 0;
       used += fmt::format("{}{} {}", used.empty() ? "" : ", ", t.desc->name, n);
     }
-    CHORUS_INFO(kInit, "{} ready on {}: peers over {}; {} channel(s); cost model {}", describe(),
-                me.hostname, used, channels_, model_.to_string());
+    std::string ring;
+    for (int r : ring_) ring += fmt::format("{}{}", ring.empty() ? "" : " ", r);
+    CHORUS_INFO(kInit, "{} ready on {}: peers over {}; {} channel(s); cost model {}; ring {}",
+                describe(), me.hostname, used, channels_, model_.to_string(), ring);
   }
   return Status();
 }
@@ -340,6 +343,33 @@ Status Comm::connect_transports(const std::vector<PeerInfo>& infos) {
       peer_watch_.add(r, infos[r].pid, infos[r].describe());
   }
   return Status();
+}
+
+}  // namespace chorus
+
+namespace chorus {
+
+void Comm::set_ring_order() {
+  const int n = nranks();
+  ring_.clear();
+  if (params::kRing.get() == "RANK") {
+    for (int r = 0; r < n; ++r) ring_.push_back(r);
+  } else {
+    // Hosts in the order of their lowest rank, each host's ranks together in rank order: the
+    // ring crosses between hosts once per host, not once per rank.
+    std::vector<bool> placed(n, false);
+    for (int r = 0; r < n; ++r) {
+      if (placed[r]) continue;
+      for (int q = r; q < n; ++q) {
+        if (!placed[q] && peers_[q].host_hash == peers_[r].host_hash) {
+          placed[q] = true;
+          ring_.push_back(q);
+        }
+      }
+    }
+  }
+  ring_pos_.assign(n, 0);
+  for (int p = 0; p < n; ++p) ring_pos_[ring_[p]] = p;
 }
 
 }  // namespace chorus
