@@ -52,6 +52,8 @@ def main():
                    help="CHORUS_ALGO for the fp32 runs' AllReduce (auto: the tuner's choice). "
                         "ring: the reference is bitwise reproducible; the tuner picks twoshot "
                         "for these 38 KB on 4 ranks, whose sums vary from run to run")
+    p.add_argument("--no-train", action="store_true",
+                   help="only aggregate (table, checks, CSV, plot) the runs already in OUT/runs")
     p.add_argument("train_args", nargs="*", help="passed to train_digits.py (after --)")
     a = p.parse_args()
 
@@ -73,14 +75,15 @@ def main():
         configs.append("env")
     ref = configs[0]
     runs_dir = os.path.join(a.out, "runs")  # only this is emptied: --out may hold more
-    if os.path.isdir(runs_dir):
-        shutil.rmtree(runs_dir)
-    os.makedirs(runs_dir)
+    if not a.no_train:
+        if os.path.isdir(runs_dir):
+            shutil.rmtree(runs_dir)
+        os.makedirs(runs_dir)
 
     # One launch of 4 ranks per configuration, its ranks training one seed after another (one
     # communicator, a new compressor per training), the configurations one after another.
     t_all = time.monotonic()
-    for config in configs:
+    for config in configs if not a.no_train else []:
         cmd = [a.chorus_run, "-n", str(a.ranks), "--timeout", str(a.timeout)]
         if config == "env":
             cmd += ["-x", "CHORUS_COMPRESS=FP8_E4M3", "-x", "CHORUS_COMPRESS_POLICY=always",
@@ -186,7 +189,7 @@ def main():
             w.writerow([c, "mean", f"{mean[c]:.2f}", "", "", ""])
 
     png = os.path.join(a.out, "accuracy_loss.png")
-    fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(16, 5))
+    fig, ((ax1, ax2), (ax4, ax3)) = plt.subplots(2, 2, figsize=(14, 9))
     colors = {"fp32": "tab:blue", "fp8": "tab:orange", "fp8ef": "tab:green", "env": "tab:red"}
     styles = ["-", "--", ":", "-."]
     for c in configs:
@@ -197,6 +200,10 @@ def main():
                      color=colors.get(c), ls=styles[i % 4], lw=1.2, label=lab)
             ax2.plot(ep, [e["test_loss"] for e in results[c, s]["curves"]],
                      color=colors.get(c), ls=styles[i % 4], lw=1.2, label=lab)
+            if c != ref:  # the FP8 curves lie on FP32's at this scale: their differences
+                base = [e["train_loss"] for e in results[ref, s]["curves"]]
+                ax4.plot(ep, [e["train_loss"] - b for e, b in zip(results[c, s]["curves"], base)],
+                         color=colors.get(c), ls=styles[i % 4], lw=1.2, label=lab)
             ax3.plot(ep[1:], [100 * e["test_acc"] for e in results[c, s]["curves"][1:]],
                      color=colors.get(c), ls=styles[i % 4], lw=1.2, label=lab)
     for ax, t in ((ax1, "training loss (whole training set)"), (ax2, "test loss")):
@@ -205,6 +212,12 @@ def main():
         ax.set_ylabel("softmax cross-entropy")
         ax.set_title(t)
         ax.grid(True, which="both", alpha=0.3)
+    ax4.axhline(0, color=colors.get(ref), lw=1)
+    ax4.set_yscale("symlog", linthresh=1e-4)
+    ax4.set_xlabel("epoch")
+    ax4.set_ylabel("difference of cross-entropy")
+    ax4.set_title(f"training loss minus {ref}'s (same seed)")
+    ax4.grid(True, which="both", alpha=0.3)
     ax3.set_xlabel("epoch")
     ax3.set_ylabel("%")
     ax3.set_title("test accuracy")
