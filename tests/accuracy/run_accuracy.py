@@ -65,6 +65,7 @@ def main():
     except ImportError as e:
         skip(f"{e} (install python3-numpy python3-matplotlib; run with /usr/bin/python3)")
     sys.path.insert(0, HERE)
+    sys.dont_write_bytecode = True  # no __pycache__ in the source tree
     import train_digits
     if not os.path.exists(train_digits.DIGITS):
         skip(f"{train_digits.DIGITS} missing (install python3-sklearn)")
