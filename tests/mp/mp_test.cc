@@ -115,6 +115,12 @@ TEST_CASE("AllReduce is bit-identical on every rank over TCP with 3 ranks", "[mp
 TEST_CASE("compressed collectives over shared memory with 4 ranks", "[mp][shm][compress]") {
   run_workers(4, "SHM", "compressed");
 }
+TEST_CASE("compressed collectives over shared memory with 8 ranks", "[mp][shm][compress]") {
+  run_workers(8, "SHM", "compressed");
+}
+TEST_CASE("compressed collectives over TCP with 2 ranks", "[mp][tcp][compress]") {
+  run_workers(2, "TCP", "compressed");
+}
 TEST_CASE("compressed collectives over TCP with 3 ranks", "[mp][tcp][compress]") {
   run_workers(3, "TCP", "compressed");
 }
