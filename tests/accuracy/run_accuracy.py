@@ -50,7 +50,7 @@ def main():
                         "FP8_E4M3, CHORUS_COMPRESS_POLICY=always (must match fp8 bitwise)")
     p.add_argument("--fp32-algo", default="ring",
                    help="CHORUS_ALGO for the fp32 runs' AllReduce (auto: the tuner's choice). "
-                        "ring: the reference is bitwise reproducible; the tuner picks twoshot "
+                        "ring: the reference is bitwise reproducible; the tuner picked twoshot "
                         "for these 38 KB on 4 ranks, whose sums vary from run to run")
     p.add_argument("--no-train", action="store_true",
                    help="only aggregate (table, checks, CSV, plot) the runs already in OUT/runs")
