@@ -19,7 +19,8 @@ namespace chorus::compress {
 namespace {
 
 constexpr size_t kPieceElements = 64 << 10;  // pipelining granularity
-constexpr size_t kMaxPieces = 32;            // per shard and exchange (message ordinals wrap at 256)
+// Pieces per shard and exchange at most (a message's ordinal between two ranks wraps at 256).
+constexpr size_t kMaxPieces = 32;
 
 // How a buffer of n shards is cut into codec blocks and pieces, and where each shard's
 // compressed form lies in a buffer holding all n back to back. Shard j covers elements
@@ -59,7 +60,9 @@ class Layout {
   size_t off(int j) const { return off_[j]; }
   size_t elems(int j) const { return elems_[j]; }
   size_t piece_elems() const { return piece_elems_; }
-  int pieces(int j) const { return static_cast<int>((elems_[j] + piece_elems_ - 1) / piece_elems_); }
+  int pieces(int j) const {
+    return static_cast<int>((elems_[j] + piece_elems_ - 1) / piece_elems_);
+  }
   size_t piece_elems(int j, int q) const {
     return std::min(piece_elems_, elems_[j] - q * piece_elems_);
   }
@@ -82,6 +85,9 @@ class Layout {
   std::vector<size_t> off_, elems_, coff_;
   size_t piece_elems_ = 0, piece_cbytes_ = 0;
 };
+
+// Piece q travels on channel q mod channels (several paths to a peer carry pieces at once).
+int lane(const OpContext& ctx, int q) { return q % ctx.channels(); }
 
 uint64_t mix(uint64_t x) {  // splitmix64's finalizer
   x += 0x9e3779b97f4a7c15ull;
@@ -201,8 +207,8 @@ size_t post_piece_recvs(OpContext& ctx, const Layout& L, const Codec& c,
   for (int k = 1; k < n; ++k) {
     const int from = algo::mod(r - k, n), j = shard_of(from);
     for (int q = 0; q < L.pieces(j); ++q, ++i) {
-      ctx.recv(reqs[i], from, 0, buf + slot_of(from) + L.piece_coff(q), L.piece_cbytes(j, q),
-               L.piece_elems(j, q) * c.esz());
+      ctx.recv(reqs[i], from, lane(ctx, q), buf + slot_of(from) + L.piece_coff(q),
+               L.piece_cbytes(j, q), L.piece_elems(j, q) * c.esz());
     }
   }
   return i;
@@ -227,7 +233,7 @@ Task reduce_exchange(OpContext& ctx, const Layout& L, const Codec& c, const char
       const size_t m = L.piece_elems(t, q), index = L.off(t) + q * L.piece_elems();
       char* dst = sendbuf + L.coff(t) + L.piece_coff(q);
       c.quantize_input(dst, in + index * esz, m, index, 0, tmp);
-      ctx.send(sends[s++], t, 0, dst, L.piece_cbytes(t, q), m * esz);
+      ctx.send(sends[s++], t, lane(ctx, q), dst, L.piece_cbytes(t, q), m * esz);
     }
     co_await yield_now();  // let the transports move what is posted
   }
@@ -272,7 +278,9 @@ Task all_reduce(OpContext& ctx, CollCall call, const Codec& c) {
   RequestArray<SendRequest> sends(others + mine);
   // Per peer, the first exchange's pieces come before the second's, on both sides.
   size_t next = post_piece_recvs(ctx, L, c, recvs, 0, recvbuf, [r](int) { return r; },
-                                 [&](int from) { return (algo::mod(r - from, n) - 1) * L.cbytes(r); });
+                                 [&](int from) {
+                                   return (algo::mod(r - from, n) - 1) * L.cbytes(r);
+                                 });
   post_piece_recvs(ctx, L, c, recvs, next, results, [](int from) { return from; },
                    [&](int from) { return L.coff(from); });
 
@@ -282,7 +290,8 @@ Task all_reduce(OpContext& ctx, CollCall call, const Codec& c) {
     char* dst = results + L.coff(r) + L.piece_coff(q);
     c.quantize_f32(dst, a, m, L.off(r) + q * L.piece_elems(), 1);
     for (int k = 1; k < n; ++k)
-      ctx.send(sends[s++], algo::mod(r + k, n), 0, dst, L.piece_cbytes(r, q), m * esz);
+      ctx.send(sends[s++], algo::mod(r + k, n), lane(ctx, q), dst, L.piece_cbytes(r, q),
+               m * esz);
   };
   CHORUS_CO_RETURN_IF_ERROR(co_await reduce_exchange(ctx, L, c, in, call.op.kind, acc, tmp, recvs,
                                                      sends, sendbuf, recvbuf, finish_piece));
@@ -349,8 +358,8 @@ Task all_gather(OpContext& ctx, CollCall call, const Codec& c) {
     char* dst = results + L.coff(r) + L.piece_coff(static_cast<int>(q));
     c.quantize_input(dst, in + index * esz, m, index, 0, tmp);
     for (int k = 1; k < n; ++k)
-      ctx.send(sends[s++], algo::mod(r + k, n), 0, dst, L.piece_cbytes(r, static_cast<int>(q)),
-               m * esz);
+      ctx.send(sends[s++], algo::mod(r + k, n), lane(ctx, static_cast<int>(q)), dst,
+               L.piece_cbytes(r, static_cast<int>(q)), m * esz);
     co_await yield_now();
   }
   // In place, `in` is this rank's block of `out`: read above, overwritten now.

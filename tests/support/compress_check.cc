@@ -118,7 +118,8 @@ std::string call_error(const char* what, ncclResult_t r) {
 // its start: the block of element i, and the largest |x| of every block.
 struct Blocks {
   size_t len, block, per_shard;
-  Blocks(size_t len_, size_t block_) : len(len_), block(block_), per_shard((len_ + block_ - 1) / block_) {}
+  Blocks(size_t len_, size_t block_)
+      : len(len_), block(block_), per_shard((len_ + block_ - 1) / block_) {}
   size_t of(size_t i) const { return i / len * per_shard + i % len / block; }
   std::vector<double> amax(const std::vector<double>& x) const {
     std::vector<double> a(x.empty() ? 0 : of(x.size() - 1) + 1, 0.0);
@@ -306,7 +307,8 @@ std::string check_compressed_volume(ncclComm_t comm) {
     chorusCompressConfig_t cfg = CHORUS_COMPRESS_CONFIG_INIT;
     cfg.scaleKind = lim.scale;
     chorusCompressor_t comp = nullptr;
-    if (chorusCompressorCreate(&cfg, &comp) != ncclSuccess) return "chorusCompressorCreate failed\n";
+    if (chorusCompressorCreate(&cfg, &comp) != ncclSuccess)
+      return "chorusCompressorCreate failed\n";
     for (Kind kind : {Kind::kAllReduce, Kind::kReduceScatter, Kind::kAllGather}) {
       // A rank's counters count what it posts: its calls on the NULL stream are over.
       chorusCommResetByteCounters(comm);
@@ -356,7 +358,8 @@ std::string check_compressed_nonfinite(ncclComm_t comm) {
   const size_t count = 1000;
   std::vector<float> buf(count);
   chorusCompressor_t comp = nullptr;
-  if (chorusCompressorCreate(nullptr, &comp) != ncclSuccess) return "chorusCompressorCreate failed\n";
+  if (chorusCompressorCreate(nullptr, &comp) != ncclSuccess)
+    return "chorusCompressorCreate failed\n";
   std::string failures;
   for (float bad : {INFINITY, NAN}) {
     for (size_t i = 0; i < count; ++i) buf[i] = 0.25f * static_cast<float>(i % 7) - 0.6f;
@@ -394,7 +397,8 @@ std::string check_error_feedback(ncclComm_t comm) {
     chorusCompressConfig_t cfg = CHORUS_COMPRESS_CONFIG_INIT;
     cfg.errorFeedback = feedback;
     chorusCompressor_t comp = nullptr;
-    if (chorusCompressorCreate(&cfg, &comp) != ncclSuccess) return "chorusCompressorCreate failed\n";
+    if (chorusCompressorCreate(&cfg, &comp) != ncclSuccess)
+      return "chorusCompressorCreate failed\n";
     std::vector<double> mean(count, 0.0);
     for (int s = 0; s < steps; ++s) {
       ncclResult_t res = chorusAllReduceCompressed(grad.data(), out.data(), count, ncclFloat32,
