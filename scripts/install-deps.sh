@@ -3,7 +3,8 @@
 # Installs the Debian 12 packages Chorus needs. Idempotent: packages already present are not
 # touched and apt is not called at all when nothing is missing.
 #
-#   scripts/install-deps.sh            build + test dependencies, and the soft-RoCE guest's
+#   scripts/install-deps.sh            build + test dependencies (the accuracy test's python
+#                                      packages included), and the soft-RoCE guest's
 #                                      (the rdma stage: scripts/rxe-guest.sh, tests/rdma/)
 #   scripts/install-deps.sh --bench    also the peers measured by bench/ (Open MPI, PyTorch/Gloo, plots)
 set -euo pipefail
@@ -17,9 +18,12 @@ build_pkgs=(build-essential cmake pkg-config git libfmt-dev libhwloc-dev hwloc-n
 # The soft-RoCE guest boots Debian's kernel (downloaded by scripts/rxe-guest.sh, not installed)
 # in QEMU with a static busybox as its init; the rdma tests use perftest's and rdma-core's tools.
 rdma_pkgs=(qemu-system-x86 busybox-static xz-utils perftest rdmacm-utils)
+# The FP8 accuracy test (tests/accuracy/, label accuracy) runs Debian's /usr/bin/python3 with
+# numpy, matplotlib (the plot) and sklearn (only for its digits data set, digits.csv.gz).
+test_pkgs=(python3-numpy python3-matplotlib python3-sklearn)
 bench_pkgs=(python3-torch python3-numpy gnuplot-nox python3-matplotlib)
 
-want=("${build_pkgs[@]}" "${rdma_pkgs[@]}")
+want=("${build_pkgs[@]}" "${test_pkgs[@]}" "${rdma_pkgs[@]}")
 for arg in "$@"; do
   case "$arg" in
     --bench) want+=("${bench_pkgs[@]}") ;;
