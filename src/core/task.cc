@@ -2,6 +2,7 @@
 #include "core/task.h"
 
 #include <exception>
+#include <memory>
 #include <new>
 
 namespace chorus {
@@ -19,26 +20,47 @@ constexpr std::size_t kFramesPerClass = 64;
 struct FrameCache {
   void* frames[kFrameClasses][kFramesPerClass];
   std::size_t count[kFrameClasses] = {};
-  ~FrameCache() {
-    for (std::size_t c = 0; c < kFrameClasses; ++c)
-      for (std::size_t i = 0; i < count[c]; ++i) ::operator delete(frames[c][i]);
-  }
+  ~FrameCache();
 };
-__attribute__((tls_model("initial-exec"))) thread_local FrameCache t_frames;
+// The cache lives on the heap: only a pointer is thread-local, so the library's static TLS
+// stays a few hundred bytes and it can be dlopen()ed (Python, a framework's plug-in), where
+// glibc has little static TLS to spare. The owner frees the cache at thread exit; frames freed
+// after that go straight to the allocator.
+__attribute__((tls_model("initial-exec"))) thread_local FrameCache* t_frames = nullptr;
+__attribute__((tls_model("initial-exec"))) thread_local bool t_frames_gone = false;
+thread_local std::unique_ptr<FrameCache> t_frames_owner;
+
+FrameCache::~FrameCache() {
+  for (std::size_t c = 0; c < kFrameClasses; ++c)
+    for (std::size_t i = 0; i < count[c]; ++i) ::operator delete(frames[c][i]);
+  t_frames = nullptr;
+  t_frames_gone = true;
+}
+
+FrameCache* frame_cache() {
+  if (t_frames == nullptr && !t_frames_gone) {
+    t_frames_owner = std::make_unique<FrameCache>();
+    t_frames = t_frames_owner.get();
+  }
+  return t_frames;
+}
 
 std::size_t frame_class(std::size_t bytes) { return (bytes + kFrameClass - 1) / kFrameClass; }
 }  // namespace
 
 void* frame_allocate(std::size_t bytes) {
   std::size_t c = frame_class(bytes);
-  if (c < kFrameClasses && t_frames.count[c] > 0) return t_frames.frames[c][--t_frames.count[c]];
+  FrameCache* cache = frame_cache();
+  if (cache != nullptr && c < kFrameClasses && cache->count[c] > 0)
+    return cache->frames[c][--cache->count[c]];
   return ::operator new(c < kFrameClasses ? c * kFrameClass : bytes);
 }
 
 void frame_free(void* frame, std::size_t bytes) noexcept {
   std::size_t c = frame_class(bytes);
-  if (c < kFrameClasses && t_frames.count[c] < kFramesPerClass) {
-    t_frames.frames[c][t_frames.count[c]++] = frame;
+  FrameCache* cache = t_frames;  // no cache yet: this thread allocated no frame
+  if (cache != nullptr && c < kFrameClasses && cache->count[c] < kFramesPerClass) {
+    cache->frames[c][cache->count[c]++] = frame;
     return;
   }
   ::operator delete(frame);

@@ -28,18 +28,7 @@ import os
 import sys
 import time
 
-# libchorus.so holds about 21 KiB of initial-exec TLS (its STATIC_TLS flag: the coroutine frame
-# cache of src/core/task.cc), more than glibc keeps in reserve for libraries loaded by dlopen
-# (512 bytes by default), so ctypes.CDLL fails with "cannot allocate memory in static TLS
-# block". The reserve is a tunable read when the process starts: re-execute once with it set.
-STATIC_TLS_TUNABLE = "glibc.rtld.optional_static_tls=65536"
-if __name__ == "__main__" and \
-        "glibc.rtld.optional_static_tls" not in os.environ.get("GLIBC_TUNABLES", ""):
-    tunables = os.environ.get("GLIBC_TUNABLES", "")
-    os.environ["GLIBC_TUNABLES"] = (tunables + ":" if tunables else "") + STATIC_TLS_TUNABLE
-    os.execv(sys.executable, [sys.executable] + sys.argv)
-
-import numpy as np  # noqa: E402
+import numpy as np
 
 DIGITS = "/usr/lib/python3/dist-packages/sklearn/datasets/data/digits.csv.gz"
 SPLIT_SEED = 20240607  # the fixed train/test split, the same for every seed and config

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <mutex>
 #include <random>
 
 #include "common/log.h"
@@ -16,8 +17,12 @@ namespace chorus::verbs {
 
 namespace {
 
+// Not a thread_local engine: a library that dlopen() loads must keep its thread-local storage
+// small (glibc reserves a few hundred bytes of static TLS for such libraries).
 uint32_t random_psn() {
-  static thread_local std::mt19937 gen{std::random_device{}()};
+  static std::mutex mutex;
+  static std::mt19937 gen{std::random_device{}()};
+  std::lock_guard<std::mutex> lock(mutex);
   return gen() & 0xffffff;
 }
 
