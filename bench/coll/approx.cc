@@ -11,6 +11,8 @@
 //     |s q - x| <= u A,   u = 2^-(m+1)   (stochastic rounding: within one ulp, u = 2^-m).
 // The bound uses A, not |x|: small elements of a block with a large one lose their low bits.
 //
+// (This is the codec of kernels/compress: fp32 s = max(amax / FP8_MAX, FLT_MIN), UE8M0 the
+// smallest power of two with amax <= FP8_MAX * s, a saturating nearest-even encoder.)
 // Where the blocks start is the library's business (per shard, per pipeline chunk...), but a
 // block holding element e lies within [e - B + 1, e + B - 1]. So with G_r(e), the largest
 // |input of rank r| within 2B - 2 of e, every block of either stage below that touches e has
@@ -26,8 +28,11 @@
 // Max and Min move by at most the largest stage-1 error, and sum_r G_r bounds that as well.
 // ReduceScatter is stage 1 alone: u sum_r G_r(e). AllGather quantizes each block of its owner
 // o once: u G_o(e). Avg divides every term by n.
-// fp32 arithmetic (x / s, s * q, the n - 1 additions, Avg's division) adds at most a few ulps
-// of the partial sums, each <= (1 + u) sum_r G_r: (n + 8) 2^-23 sum_r G_r covers it. A bf16 or
+// fp32 arithmetic: kernels/compress/README.md bounds one encode + decode by
+// (u + 2^-20) |x| + 2^(-bias-m) s + 2^-149 (the roundings of 1/s, x * (1/s) and s * q, and
+// the subnormal step), i.e. within u A + 2^-16 A for either scale kind (s <= 2 A / FP8_MAX);
+// the n - 1 fp32 additions and Avg's division add a few ulps of partial sums <= (1 + u)
+// sum_r G_r. So 2^-16 per stage plus (n + 8) 2^-23, times sum_r G_r, covers the arithmetic. A bf16 or
 // fp16 result is rounded once more (and the exact Avg reference once): half an ulp, 2^-8
 // (bf16) or 2^-11 (fp16) of the magnitude, on each side.
 // With error feedback the residual is zeroed before every checked call (the runner resets the
@@ -65,8 +70,9 @@ ApproxChecker::ApproxChecker(const verify::Verifier& v, const CompressOptions& c
     : v_(v), block_(std::max<size_t>(c.block, kMinChunk)) {
   const verify::CallShape& s = v.shape();
   const double u = unit_error(c);
-  const double codec = s.coll == verify::Coll::kAllReduce ? 2 * u + u * u : u;
-  stage_factor_ = codec + (s.nranks + 8) * std::ldexp(1.0, -23);
+  const int stages = s.coll == verify::Coll::kAllReduce ? 2 : 1;
+  const double codec = stages == 2 ? 2 * u + u * u : u;
+  stage_factor_ = codec + stages * std::ldexp(1.0, -16) + (s.nranks + 8) * std::ldexp(1.0, -23);
   if (s.op == ncclAvg && s.coll != verify::Coll::kAllGather) stage_factor_ /= s.nranks;
   out_rel_ = s.dtype == ncclBfloat16  ? std::ldexp(1.0, -8)
              : s.dtype == ncclFloat16 ? std::ldexp(1.0, -11)

@@ -9,17 +9,21 @@
 #   3. a table: size, plain busbw, compressed busbw, their ratio, the wire-byte ratio, against
 #      the targets (>= 3x at 4 MiB, >= 3.5x at 64 MiB) and the link's 0.125 GB/s.
 #
-#   netns_speed.sh [-B BUILD_DIR] [-b MIN] [-e MAX] [-n ITERS] [-w WARMUP] [-c CHECK]
-#                  [--rate RATE] [--burst BURST] [--latency LAT] [--tcp-bytes N]
+#   netns_speed.sh [-B BUILD_DIR | --run CHORUS_RUN --perf ALL_REDUCE_PERF]
+#                  [-b MIN] [-e MAX] [-n ITERS] [-w WARMUP] [-c CHECK] [--rate RATE] [--burst BURST] [--latency LAT] [--tcp-bytes N]
 #                  [--format e4m3|e5m2] [--block N] [--scale fp32|ue8m0] [--enforce]
+#                  [--tcp-only]
 # Defaults: build/, 4M..64M (factor 2), -n 5 -w 1 -c 1, tbf rate 1gbit burst 256kb latency
 # 50ms, 256 MiB of raw TCP, E4M3 block 128 fp32 scales. --enforce: exit 1 when a target is
-# missed (off by default: the ratio depends on how busy the CPUs are).
+# missed (off by default: the ratio depends on how busy the CPUs are). --tcp-only: step 1 alone
+# (to choose the tbf settings).
 # Exit status: 0 done (every check passed), 1 failure, 77 skipped (needs root, ip and tc).
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
 build=build
+run=
+perf=
 min=4M
 max=64M
 iters=5
@@ -33,9 +37,12 @@ format=e4m3
 block=128
 scale=fp32
 enforce=0
+tcp_only=0
 while [ $# -gt 0 ]; do
   case $1 in
     -B) build=$2; shift 2 ;;
+    --run) run=$2; shift 2 ;;
+    --perf) perf=$2; shift 2 ;;
     -b) min=$2; shift 2 ;;
     -e) max=$2; shift 2 ;;
     -n) iters=$2; shift 2 ;;
@@ -49,7 +56,8 @@ while [ $# -gt 0 ]; do
     --block) block=$2; shift 2 ;;
     --scale) scale=$2; shift 2 ;;
     --enforce) enforce=1; shift ;;
-    -h|--help) sed -n '3,22p' "$0"; exit 0 ;;
+    --tcp-only) tcp_only=1; shift ;;
+    -h|--help) awk 'NR >= 3 && !/^#/ {exit} NR >= 3' "$0"; exit 0 ;;
     *) echo "netns_speed.sh: unknown argument '$1' (try --help)" >&2; exit 2 ;;
   esac
 done
@@ -58,8 +66,8 @@ if [ "$(id -u)" != 0 ] || ! command -v ip > /dev/null || ! command -v tc > /dev/
   echo "SKIP: network namespaces and tc need root, iproute2 and tc"
   exit 77
 fi
-run=$build/tools/chorus-run
-perf=$build/bench/coll/all_reduce_perf
+run=${run:-$build/tools/chorus-run}
+perf=${perf:-$build/bench/coll/all_reduce_perf}
 for f in "$run" "$perf"; do
   if [ ! -x "$f" ]; then
     echo "netns_speed.sh: $f is missing: build the chorus-run and all_reduce_perf targets" >&2
@@ -115,6 +123,7 @@ server_pid=
 tcp_one=$(awk '$1 == "one_way" {print $2}' <<< "$tcp")
 tcp_both=$(awk '$1 == "both_ways" {print $2}' <<< "$tcp")
 echo "# raw TCP, $tcp_bytes bytes: one way $tcp_one GB/s, both ways at once $tcp_both GB/s per direction"
+if [ "$tcp_only" = 1 ]; then exit 0; fi
 
 # 2. all_reduce_perf, plain then compressed, one rank per host.
 common=(-b "$min" -e "$max" -f 2 -n "$iters" -w "$warmup" -c "$check" -d float -o sum)
