@@ -12,11 +12,13 @@
 #   netns_speed.sh [-B BUILD_DIR | --run CHORUS_RUN --perf ALL_REDUCE_PERF]
 #                  [-b MIN] [-e MAX] [-n ITERS] [-w WARMUP] [-c CHECK] [--rate RATE] [--burst BURST] [--latency LAT] [--tcp-bytes N]
 #                  [--format e4m3|e5m2] [--block N] [--scale fp32|ue8m0] [--enforce]
-#                  [--tcp-only]
+#                  [--tcp-only] [--transparent]
 # Defaults: build/, 4M..64M (factor 2), -n 5 -w 1 -c 1, tbf rate 1gbit burst 256kb latency
 # 50ms, 256 MiB of raw TCP, E4M3 block 128 fp32 scales. --enforce: exit 1 when a target is
 # missed (off by default: the ratio depends on how busy the CPUs are). --tcp-only: step 1 alone
-# (to choose the tbf settings).
+# (to choose the tbf settings). --transparent: a third run, the plain tool with
+# CHORUS_COMPRESS=FP8_<FORMAT> CHORUS_COMPRESS_POLICY=always (transparent mode; the library's
+# own block and scale settings; -c 0, since the exact check would fail).
 # Exit status: 0 done (every check passed), 1 failure, 77 skipped (needs root, ip and tc).
 set -euo pipefail
 
@@ -38,6 +40,7 @@ block=128
 scale=fp32
 enforce=0
 tcp_only=0
+transparent=0
 while [ $# -gt 0 ]; do
   case $1 in
     -B) build=$2; shift 2 ;;
@@ -57,6 +60,7 @@ while [ $# -gt 0 ]; do
     --scale) scale=$2; shift 2 ;;
     --enforce) enforce=1; shift ;;
     --tcp-only) tcp_only=1; shift ;;
+    --transparent) transparent=1; shift ;;
     -h|--help) awk 'NR >= 3 && !/^#/ {exit} NR >= 3' "$0"; exit 0 ;;
     *) echo "netns_speed.sh: unknown argument '$1' (try --help)" >&2; exit 2 ;;
   esac
@@ -129,12 +133,19 @@ if [ "$tcp_only" = 1 ]; then exit 0; fi
 common=(-b "$min" -e "$max" -f 2 -n "$iters" -w "$warmup" -c "$check" -d float -o sum)
 compress=(--compress "$format" --compress-block "$block" --compress-scale "$scale")
 status=0
-for kind in plain compressed; do
+kinds=(plain compressed)
+if [ "$transparent" = 1 ]; then kinds+=(transparent); fi
+for kind in "${kinds[@]}"; do
   args=("${common[@]}")
+  envs=()
   if [ "$kind" = compressed ]; then args+=("${compress[@]}"); fi
-  echo "# $kind: chorus-run -n 2 --netns $ns0,$ns1 all_reduce_perf ${args[*]}"
-  if ! ip netns exec "$ns0" "$run" -n 2 --timeout 900 --netns "$ns0,$ns1" "$perf" "${args[@]}" \
-      > "$work/$kind.txt" 2>&1; then
+  if [ "$kind" = transparent ]; then
+    envs=("CHORUS_COMPRESS=FP8_${format^^}" CHORUS_COMPRESS_POLICY=always)
+    args+=(-c 0)
+  fi
+  echo "# $kind: ${envs[*]} chorus-run -n 2 --netns $ns0,$ns1 all_reduce_perf ${args[*]}"
+  if ! env "${envs[@]}" ip netns exec "$ns0" "$run" -n 2 --timeout 900 --netns "$ns0,$ns1" \
+      "$perf" "${args[@]}" > "$work/$kind.txt" 2>&1; then
     status=1
   fi
   sed 's/^/#   /' "$work/$kind.txt"
@@ -144,16 +155,18 @@ echo "# load average after: $(cut -d' ' -f1-3 /proc/loadavg)"
 # 3. The table: out-of-place busbw of each size (in-place in parentheses), from the time column
 # (the busbw column has two decimals): 2 ranks, busbw = algbw * 2(n-1)/n = size / time.
 wire=$(sed -n 's/^# wire bytes: .*(\([0-9.]*\)%).*/\1/p' "$work/compressed.txt")
-awk -v wire="${wire:-?}" -v tcp="$tcp_both" -v enforce="$enforce" '
+files=("$work/plain.txt" "$work/compressed.txt")
+if [ "$transparent" = 1 ]; then files+=("$work/transparent.txt"); fi
+awk -v wire="${wire:-?}" -v tcp="$tcp_both" -v enforce="$enforce" -v nfiles="${#files[@]}" '
   function mib(b) { return sprintf("%g MiB", b / 1048576) }
   FNR == 1 { file++ }
   /^#/ || NF < 13 { next }
   { size[$1] = 1; oop[file, $1] = $1 / ($6 * 1e3); inp[file, $1] = $1 / ($10 * 1e3)
-    if ($9 != 0 || $13 != 0) bad = 1 }
+    if (($9 != "N/A" && $9 != 0) || ($13 != "N/A" && $13 != 0)) bad = 1 }
   END {
-    printf "\n%-10s %14s %14s %14s %14s  %s\n", "size", "plain busbw", "fp8 busbw", "ratio",
-           "link use", "target"
-    printf "%-10s %14s %14s %14s %14s\n", "", "(GB/s)", "(GB/s)", "(fp8/plain)", "(plain/0.125)"
+    printf "\n%-10s %16s %16s %12s %14s  %-18s%s\n", "size", "plain busbw", "fp8 busbw", "ratio",
+           "link use", "target", nfiles > 2 ? "  transparent busbw, ratio" : ""
+    printf "%-10s %16s %16s %12s %14s\n", "", "(GB/s)", "(GB/s)", "(fp8/plain)", "(plain/0.125)"
     n = 0
     for (s in size) sizes[++n] = s + 0
     for (i = 1; i <= n; i++) for (j = i + 1; j <= n; j++)
@@ -166,14 +179,16 @@ awk -v wire="${wire:-?}" -v tcp="$tcp_both" -v enforce="$enforce" '
       verdict = target == 0 ? "" : (r >= target ? sprintf(">= %.1fx: met", target) \
                                                  : sprintf(">= %.1fx: MISSED", target))
       if (target > 0 && r < target) missed = 1
-      printf "%-10s %7.4f (%.4f) %7.4f (%.4f) %13.2fx %13.0f%%  %s\n", mib(s), p, inp[1, s], c,
-             inp[2, s], r, 100 * p / 0.125, verdict
+      extra = nfiles > 2 ? sprintf("  %7.4f (%.4f) %.2fx", oop[3, s], inp[3, s],
+                                   p > 0 ? oop[3, s] / p : 0) : ""
+      printf "%-10s %7.4f (%.4f) %7.4f (%.4f) %11.2fx %13.0f%%  %-18s%s\n", mib(s), p, inp[1, s],
+             c, inp[2, s], r, 100 * p / 0.125, verdict, extra
     }
     printf "\nwire bytes of the compressed calls: %s%% of fp32 (ideal ratio %.2fx); raw TCP both ways %s GB/s per direction; link 0.125 GB/s\n",
            wire, (wire > 0 ? 100 / wire : 0), tcp
     if (bad) print "WRONG RESULTS in a run (#wrong != 0)"
     exit (bad ? 2 : (missed && enforce ? 3 : 0))
-  }' "$work/plain.txt" "$work/compressed.txt" || {
+  }' "${files[@]}" || {
   rc=$?
   if [ "$rc" = 2 ]; then status=1; fi
   if [ "$rc" = 3 ]; then echo "target missed (--enforce)"; status=1; fi
