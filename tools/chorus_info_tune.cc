@@ -89,8 +89,9 @@ void print_tuner() {
              "  Parameters: measured when each communicator is created (CHORUS_TUNER={}), or "
              "read from CHORUS_TUNER_FILE='{}'; CHORUS_ALGO='{}' forces algorithms.\n",
              params::kTuner.get(), params::kTunerFile.get(), params::kAlgo.get());
-  fmt::print("  This host: reduction (float sum) {:.1f} GB/s, memcpy {:.1f} GB/s\n",
-             algo::local_reduce_gbps(), algo::local_copy_gbps());
+  fmt::print("  This host: reduction (float sum) {:.1f} GB/s, memcpy {:.1f} GB/s, FP8 codec "
+             "{:.1f} GB/s per pass\n",
+             algo::local_reduce_gbps(), algo::local_copy_gbps(), algo::local_codec_gbps());
   fmt::print("  Algorithms:");
   for (CollKind c : kColls) {
     fmt::print(" {}:", coll_name(c));
@@ -110,6 +111,7 @@ void print_tuner() {
       algo::CostModel m{link.alpha_us, link.beta_gbps,
                         file->gamma_gbps > 0 ? file->gamma_gbps : defaults.gamma_gbps,
                         fmt::format("{} from {}", link.transport, path)};
+      if (file->codec_gbps > 0) m.codec_gbps = file->codec_gbps;
       print_choices(m, 2);
     }
     return;
@@ -145,7 +147,7 @@ int tune(const char* path) {
     print_choices(*model, 2);
   }
   if (measured == 0) return 1;
-  file += fmt::format("reduce {:.3f}\n", gamma);
+  file += fmt::format("reduce {:.3f}\ncodec {:.3f}\n", gamma, algo::local_codec_gbps());
   if (path != nullptr) {
     std::ofstream out(path);
     out << file;

@@ -7,6 +7,7 @@
 #include "algo/algo.h"
 #include "algo/tuner.h"
 #include "common/log.h"
+#include "compress/compressed_coll.h"
 #include "core/comm.h"
 #include "kernels/reduce/reduce.h"
 
@@ -91,7 +92,36 @@ Task run_on_channels(OpContext& ctx, AlgoFn fn, Args a, int channels) {
   co_return co_await group.join();
 }
 
+// The compressor `call` runs with, or null: the call's own (chorus*Compressed), or
+// CHORUS_COMPRESS's for a plain AllReduce / ReduceScatter it applies to; either only where
+// compressing pays under the cost model unless its policy is "always". Every rank decides
+// alike: the inputs are the call, the parameters and the agreed cost model.
+compress::Compressor* compressor_for(OpContext& ctx, const CollCall& call,
+                                     std::shared_ptr<compress::Compressor>* keep) {
+  compress::Compressor* c = nullptr;
+  const int n = ctx.nranks();
+  const size_t elem = datatype_size(call.dtype);
+  const size_t bytes = call.count * elem * (call.kind == CollKind::kAllReduce ? 1 : n);
+  if (call.compressor) {
+    c = &call.compressor->get();
+  } else {
+    if (call.kind != CollKind::kAllReduce && call.kind != CollKind::kReduceScatter) return nullptr;
+    if (!compress::compressible_dtype(call.dtype) || !compress::compressible_op(call.op.kind))
+      return nullptr;
+    *keep = compress::transparent();
+    if (!*keep || bytes < compress::transparent_min_bytes()) return nullptr;
+    c = keep->get();
+  }
+  if (c->settings().policy == compress::Policy::kAuto &&
+      !compress::pays(ctx.comm().cost_model(), call.kind, bytes, n, call.dtype, c->settings()))
+    return nullptr;
+  return c;
+}
+
 Task run_collective(OpContext& ctx, CollCall call) {
+  std::shared_ptr<compress::Compressor> transparent;
+  if (compress::Compressor* c = compressor_for(ctx, call, &transparent))
+    co_return co_await compress::run(ctx, call, *c);
   Args a;
   a.in = static_cast<const char*>(call.sendbuf);
   a.out = static_cast<char*>(call.recvbuf);

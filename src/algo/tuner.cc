@@ -131,8 +131,8 @@ const std::vector<Algo>& algorithms_for(CollKind coll) {
 }
 
 std::string CostModel::to_string() const {
-  return fmt::format("alpha {:.2f} us, beta {:.2f} GB/s, gamma {:.2f} GB/s ({})", alpha_us,
-                     beta_gbps, gamma_gbps, source);
+  return fmt::format("alpha {:.2f} us, beta {:.2f} GB/s, gamma {:.2f} GB/s, codec {:.2f} GB/s ({})",
+                     alpha_us, beta_gbps, gamma_gbps, codec_gbps, source);
 }
 
 double predict_us(const CostModel& m, Algo algo, CollKind coll, size_t bytes, int n) {

@@ -9,6 +9,9 @@
 //   beta   bandwidth of that transport per rank (GB/s)
 //   gamma  local reduction throughput, bytes of one input folded per second (GB/s)
 //
+// and, for the compressed collectives (src/compress/), `codec`: the FP8 codec's throughput, fp32
+// bytes per second through one pass (an encode, or a decode into an accumulator).
+//
 // The parameters are measured when the communicator is created (a ping-pong between two ranks
 // joined by the slowest transport, and the reduction kernel on each rank), or read from
 // CHORUS_TUNER_FILE, and agreed by every rank, so that every rank makes the same choice.
@@ -51,6 +54,7 @@ struct CostModel {
   double beta_gbps = 2.0;
   double gamma_gbps = 4.0;
   std::string source = "default";
+  double codec_gbps = 2.0;
   std::string to_string() const;
 };
 
@@ -71,9 +75,12 @@ Result<CostModel> calibrate(Comm& comm);
 // Local measurements, cached per process: reduction (float sum) and memcpy throughput, GB/s.
 double local_reduce_gbps();
 double local_copy_gbps();
+// One FP8 codec pass (fp32 -> e4m3 with fp32 scales, block 128, and the decode into an fp32
+// accumulator, averaged, over 8 MiB), GB/s of fp32 input.
+double local_codec_gbps();
 
 // Reads a tuner file: lines "<transport> <alpha_us> <beta_gbps>" (transport: direct, shm, tcp)
-// and "reduce <gamma_gbps>"; '#' starts a comment.
+// "reduce <gamma_gbps>" and "codec <codec_gbps>"; '#' starts a comment.
 struct TunerFile {
   struct Link {
     std::string transport;
@@ -81,6 +88,7 @@ struct TunerFile {
   };
   std::vector<Link> links;
   double gamma_gbps = 0;
+  double codec_gbps = 0;
 };
 Result<TunerFile> read_tuner_file(const std::string& path);
 

@@ -20,6 +20,7 @@
 #include "core/comm.h"
 #include "core/group.h"
 #include "core/internal_ops.h"
+#include "kernels/compress/block_codec.h"
 
 namespace chorus::algo {
 
@@ -103,6 +104,23 @@ double local_reduce_gbps() {
   return gbps;
 }
 
+double local_codec_gbps() {
+  static const double gbps = [] {
+    // Larger than the caches of the core: the codec streams gradients from memory.
+    const size_t n = (8 << 20) / sizeof(float);
+    std::vector<float> x(n), acc(n, 0.0f);
+    for (size_t i = 0; i < n; ++i) x[i] = static_cast<float>(i % 1000) * 0.001f - 0.5f;
+    kernels::BlockCodec codec;  // fp32 -> e4m3, fp32 scales, block 128
+    std::vector<unsigned char> packed(kernels::compressed_bytes(codec, n));
+    // Both passes, so the figure is per pass: 2 x the input bytes.
+    return throughput_gbps(2 * n * sizeof(float), [&] {
+      kernels::encode(codec, packed.data(), x.data(), n);
+      kernels::decode_accumulate(codec, acc.data(), packed.data(), n);
+    });
+  }();
+  return gbps;
+}
+
 double local_copy_gbps() {
   static const double gbps = [] {
     std::vector<char> x(1 << 20, 1), y(1 << 20);
@@ -126,6 +144,11 @@ Result<TunerFile> read_tuner_file(const std::string& path) {
     if (key == "reduce") {
       if (!(words >> file.gamma_gbps) || file.gamma_gbps <= 0)
         return invalid_argument("{}:{}: expected 'reduce <GB/s>'", path, number);
+      continue;
+    }
+    if (key == "codec") {
+      if (!(words >> file.codec_gbps) || file.codec_gbps <= 0)
+        return invalid_argument("{}:{}: expected 'codec <GB/s>'", path, number);
       continue;
     }
     TunerFile::Link link{key, 0, 0};
@@ -156,6 +179,7 @@ Result<CostModel> calibrate(Comm& comm) {
   w.put_string(worst ? worst->name : "");
   w.put<int32_t>(worst_peer);
   w.put<double>(local_reduce_gbps());
+  w.put<double>(local_codec_gbps());
   std::vector<int> all(comm.nranks());
   for (int r = 0; r < comm.nranks(); ++r) all[r] = r;
   CHORUS_ASSIGN_OR_RETURN(auto records, allgather_records(comm, all, w.take()));
@@ -163,15 +187,18 @@ Result<CostModel> calibrate(Comm& comm) {
   std::string slowest_name;
   int a = -1, b = -1;
   model.gamma_gbps = 1e9;
+  model.codec_gbps = 1e9;
   for (int r = 0; r < comm.nranks(); ++r) {
     ByteReader rd(records[r]);
     std::string name;
     int32_t peer = -1;
-    double gamma = 0;
+    double gamma = 0, codec = 0;
     CHORUS_RETURN_IF_ERROR(rd.get_string(&name, 64));
     CHORUS_RETURN_IF_ERROR(rd.get(&peer));
     CHORUS_RETURN_IF_ERROR(rd.get(&gamma));
+    CHORUS_RETURN_IF_ERROR(rd.get(&codec));
     model.gamma_gbps = std::min(model.gamma_gbps, gamma);
+    model.codec_gbps = std::min(model.codec_gbps, codec);
     const TransportDesc* d = find_transport(name);
     if (d == nullptr) return remote_error("rank {} reports an unknown transport '{}'", r, name);
     if (slowest == nullptr || cost(d) > cost(slowest)) {
@@ -190,6 +217,7 @@ Result<CostModel> calibrate(Comm& comm) {
       model.alpha_us = link.alpha_us;
       model.beta_gbps = link.beta_gbps;
       if (file.gamma_gbps > 0) model.gamma_gbps = file.gamma_gbps;
+      if (file.codec_gbps > 0) model.codec_gbps = file.codec_gbps;
       model.source = "file " + path;
       return model;
     }

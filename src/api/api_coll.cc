@@ -1,9 +1,11 @@
 // SPDX-License-Identifier: Apache-2.0
 // File: src/api/api_coll.cc
 // The collective and point-to-point entry points, and group calls: validate, then submit.
+#include <chorus/compress.h>
 #include <nccl.h>
 
 #include "api/api_util.h"
+#include "compress/compressor.h"
 #include "core/group.h"
 
 namespace chorus::api {
@@ -32,9 +34,11 @@ constexpr CallSpec kSend{CollKind::kSend, false, true, 1, 0, false, false};
 constexpr CallSpec kRecv{CollKind::kRecv, false, true, 0, 1, false, false};
 
 // datatype and op: the caller's ncclDataType_t and ncclRedOp_t as ints (enum_bits).
+// `compressor`: for a compressed call (chorus*Compressed), else null.
 Status validate_and_submit(const CallSpec& spec, const void* sendbuff, void* recvbuff,
                            size_t count, int datatype, int op, int root,
-                           const std::shared_ptr<Comm>& comm, cudaStream_t stream) {
+                           const std::shared_ptr<Comm>& comm, cudaStream_t stream,
+                           const std::shared_ptr<compress::Compressor>& compressor) {
   if (comm->state() == Comm::State::kRevoked)
     return invalid_usage("{} was revoked; only destroy, split and shrink are allowed",
                          comm->describe());
@@ -71,18 +75,34 @@ Status validate_and_submit(const CallSpec& spec, const void* sendbuff, void* rec
     if (need_send) call.send_bytes = count * elem * send_mult;
     if (need_recv) call.recv_bytes = count * elem * recv_mult;
   }
+  if (compressor) {
+    CHORUS_RETURN_IF_ERROR(compress::check_call(call.kind, call.dtype, call.op.kind));
+    compress::Compressor::Binding b;
+    b.kind = call.kind;
+    b.elements = count * send_mult;
+    b.dtype = call.dtype;
+    b.comm_uid = comm->uid();
+    b.rank = comm->rank();
+    b.nranks = n;
+    CHORUS_RETURN_IF_ERROR(compressor->bind(b));
+    call.compressor = std::make_shared<compress::CompressorHold>(compressor);
+  }
   CHORUS_ASSIGN_OR_RETURN(Stream* s, find_stream(stream));
   return submit_call(comm, call, s);
 }
 
 ncclResult_t coll(const char* name, const CallSpec& spec, const void* sendbuff, void* recvbuff,
                   size_t count, int datatype, int op, int root,
-                  ncclComm_t comm, cudaStream_t stream) {
+                  ncclComm_t comm, cudaStream_t stream,
+                  chorusCompressor_t compressor = nullptr, bool compressed = false) {
   return guard(name, [&]() -> Status {
     auto c = usable_comm(comm);
-    Status s = c.ok() ? validate_and_submit(spec, sendbuff, recvbuff, count, datatype, op, root,
-                                            *c, stream)
-                      : c.take_status();
+    Result<std::shared_ptr<compress::Compressor>> comp = std::shared_ptr<compress::Compressor>();
+    if (compressed) comp = find_compressor(compressor);
+    Status s = !c.ok()     ? c.take_status()
+               : !comp.ok() ? comp.take_status()
+                            : validate_and_submit(spec, sendbuff, recvbuff, count, datatype, op,
+                                                  root, *c, stream, *comp);
     // Name the rank, unless the message already does (failures of the operation itself).
     if (!s.ok() && c.ok() && s.message().find((*c)->describe()) == std::string::npos)
       s.with_context((*c)->describe());
@@ -213,4 +233,29 @@ ncclResult_t ncclGroupSimulateEnd(ncclSimInfo_t* simInfo) {
     simInfo->estimatedTime = us;
     return Status();
   });
+}
+
+CHORUS_API ncclResult_t chorusAllReduceCompressed(const void* sendbuff, void* recvbuff,
+                                                  size_t count, ncclDataType_t datatype,
+                                                  ncclRedOp_t op, chorusCompressor_t compressor,
+                                                  ncclComm_t comm, cudaStream_t stream) {
+  return coll("chorusAllReduceCompressed", kAllReduce, sendbuff, recvbuff, count,
+              enum_bits(datatype), enum_bits(op), -1, comm, stream, compressor, true);
+}
+
+CHORUS_API ncclResult_t chorusReduceScatterCompressed(const void* sendbuff, void* recvbuff,
+                                                      size_t recvcount, ncclDataType_t datatype,
+                                                      ncclRedOp_t op,
+                                                      chorusCompressor_t compressor,
+                                                      ncclComm_t comm, cudaStream_t stream) {
+  return coll("chorusReduceScatterCompressed", kReduceScatter, sendbuff, recvbuff, recvcount,
+              enum_bits(datatype), enum_bits(op), -1, comm, stream, compressor, true);
+}
+
+CHORUS_API ncclResult_t chorusAllGatherCompressed(const void* sendbuff, void* recvbuff,
+                                                  size_t sendcount, ncclDataType_t datatype,
+                                                  chorusCompressor_t compressor, ncclComm_t comm,
+                                                  cudaStream_t stream) {
+  return coll("chorusAllGatherCompressed", kAllGather, sendbuff, recvbuff, sendcount,
+              enum_bits(datatype), ncclSum, -1, comm, stream, compressor, true);
 }

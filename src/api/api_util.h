@@ -4,6 +4,7 @@
 // the registry that validates communicator handles, and argument checks.
 #pragma once
 
+#include <chorus/compress.h>
 #include <nccl.h>
 
 #include <cstring>
@@ -13,6 +14,7 @@
 
 #include "common/log.h"
 #include "common/status.h"
+#include "compress/compressor.h"
 #include "core/comm.h"
 #include "core/stream.h"
 
@@ -74,7 +76,9 @@ int enum_bits(const E& value) {
   return bits;
 }
 
-Result<Stream*> find_stream(cudaStream_t stream);  // NULL is valid (the synchronous stream)
+Result<Stream*> find_stream(cudaStream_t stream);
+// The compressor behind a chorusCompressor_t (api_compress.cc); kInvalidArgument for NULL.
+Result<std::shared_ptr<compress::Compressor>> find_compressor(chorusCompressor_t handle);  // NULL is valid (the synchronous stream)
 Status check_datatype(int datatype);                // an ncclDataType_t (enum_bits)
 Status check_rank(const char* what, int value, int nranks);
 // Resolves an ncclRedOp_t for comm and a valid datatype (built-in or PreMulSum).

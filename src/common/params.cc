@@ -130,6 +130,19 @@ StringParam kTunerFile("TUNER_FILE", nullptr, "", nullptr,
                        "cost-model parameters to use instead of measuring (see chorus-info --tune)");
 StringParam kKernels("KERNELS", nullptr, "AUTO", "AUTO,SCALAR,AVX2,AVX512",
                      "reduction kernel table (AUTO: the best the CPU supports)");
+StringParam kCompress("COMPRESS", nullptr, "OFF", "OFF,FP8_E4M3,FP8_E5M2",
+                      "plain AllReduce / ReduceScatter of fp32, bf16 and fp16 send block-scaled FP8 "
+                      "(include/chorus/compress.h): OFF, FP8_E4M3 or FP8_E5M2");
+StringParam kCompressPolicy("COMPRESS_POLICY", nullptr, "AUTO", "AUTO,ALWAYS",
+                            "with CHORUS_COMPRESS: AUTO compresses where the tuner predicts it is "
+                            "faster (never over shared memory), ALWAYS whenever allowed");
+IntParam kCompressMinBytes("COMPRESS_MIN_BYTES", nullptr, 256 << 10, 0, INT64_MAX,
+                           "with CHORUS_COMPRESS: smaller buffers never compress");
+IntParam kCompressBlock("COMPRESS_BLOCK", nullptr, 128, 1, 65536,
+                        "with CHORUS_COMPRESS: elements per FP8 scale");
+StringParam kCompressScale("COMPRESS_SCALE", nullptr, "FP32", "FP32,UE8M0",
+                           "with CHORUS_COMPRESS: the per-block scale, an fp32 or a power of two "
+                           "in one byte");
 IntParam kRegCacheBytes("REG_CACHE_BYTES", nullptr, 1ll << 30, 0, INT64_MAX,
                         "buffers an operation registers implicitly (not ncclCommRegister'ed) "
                         "stay registered for reuse; the least recently used are released while a "
@@ -143,7 +156,8 @@ const std::vector<Param*>& all() {
       &kIbHca, &kIbAddrFamily, &kIbGidIndex, &kIbTimeout, &kIbRetryCnt, &kIbTc, &kIbSl, &kIbSlots, &kIbSlotBytes, &kIbRdvBytes, &kIbQpsPerConnection, &kTimeoutMs,   &kSpinUs,       &kLivenessMs,
       &kFlightRecorderOps, &kCommBlocking,
       &kAlgo,         &kChunkBytes,    &kTuner,        &kTunerFile,   &kKernels,
-      &kRegCacheBytes,
+      &kRegCacheBytes, &kCompress, &kCompressPolicy, &kCompressMinBytes, &kCompressBlock,
+      &kCompressScale,
   };
   return list;
 }

@@ -137,6 +137,11 @@ extern StringParam kAlgo;
 extern IntParam kChunkBytes;
 extern StringParam kTuner;
 extern StringParam kTunerFile;
+extern StringParam kCompress;
+extern StringParam kCompressPolicy;
+extern IntParam kCompressMinBytes;
+extern IntParam kCompressBlock;
+extern StringParam kCompressScale;
 // Kernels.
 extern StringParam kKernels;
 // Registered memory.

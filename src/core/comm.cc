@@ -28,6 +28,35 @@ void Comm::set_identity(CommIdentity id) {
   send_seq_.assign(id_.nranks, 0);
   recv_seq_.assign(id_.nranks, 0);
   cu_device_ = id_.config.cu_device;
+  byte_counters_ = std::make_unique<PeerByteCounters[]>(id_.nranks);
+}
+
+void Comm::count_bytes(int peer, bool sent, size_t wire, size_t data) {
+  PeerByteCounters& c = byte_counters_[peer];
+  c.wire[sent].fetch_add(wire, std::memory_order_relaxed);
+  c.data[sent].fetch_add(data, std::memory_order_relaxed);
+}
+
+ByteCounts Comm::byte_counts(int peer) const {
+  ByteCounts out;
+  for (int p = 0; p < nranks(); ++p) {
+    if (peer >= 0 && p != peer) continue;
+    const PeerByteCounters& c = byte_counters_[p];
+    out.wire_sent += c.wire[1].load(std::memory_order_relaxed);
+    out.wire_received += c.wire[0].load(std::memory_order_relaxed);
+    out.data_sent += c.data[1].load(std::memory_order_relaxed);
+    out.data_received += c.data[0].load(std::memory_order_relaxed);
+  }
+  return out;
+}
+
+void Comm::reset_byte_counts() {
+  for (int p = 0; p < nranks(); ++p) {
+    for (int i = 0; i < 2; ++i) {
+      byte_counters_[p].wire[i].store(0, std::memory_order_relaxed);
+      byte_counters_[p].data[i].store(0, std::memory_order_relaxed);
+    }
+  }
 }
 
 Comm::~Comm() { shutdown(); }

@@ -75,6 +75,12 @@ struct CommIdentity {
   CommConfig config;
 };
 
+// Bytes a communicator's operations posted to or from peers: on the wire, and the data they
+// stand for (more than the wire for compressed messages).
+struct ByteCounts {
+  uint64_t wire_sent = 0, wire_received = 0, data_sent = 0, data_received = 0;
+};
+
 class Comm : public std::enable_shared_from_this<Comm> {
  public:
   enum class State : int { kInitializing, kReady, kFinalized, kFailed, kAborted, kRevoked };
@@ -143,6 +149,13 @@ class Comm : public std::enable_shared_from_this<Comm> {
   // A per-comm scratch buffer of at least `bytes` (slot 0..3), valid until the next call with
   // the same slot. Operations run one at a time per comm, so they may use it freely.
   void* scratch(int slot, size_t bytes);
+
+  // ---- Byte counters (any thread) ----
+  // Counts a posted transfer to (`sent`) or from `peer`.
+  void count_bytes(int peer, bool sent, size_t wire, size_t data);
+  // Towards `peer`, or summed over all peers when it is -1.
+  ByteCounts byte_counts(int peer) const;
+  void reset_byte_counts();
 
   // ---- Reduction operators made by ncclRedOpCreatePreMulSum ----
   Result<int> create_premul(DataType dtype, const void* scalar, bool immediate);
@@ -250,6 +263,10 @@ class Comm : public std::enable_shared_from_this<Comm> {
   };
   ChoiceSlot choices_[64];           // drive lock
   bool key_error_logged_ = false;    // drive lock
+  struct PeerByteCounters {
+    std::atomic<uint64_t> wire[2] = {}, data[2] = {};  // [0] received, [1] sent
+  };
+  std::unique_ptr<PeerByteCounters[]> byte_counters_;  // [peer]
   std::vector<std::unique_ptr<char[]>> scratch_;
   std::vector<size_t> scratch_bytes_;
 

@@ -134,8 +134,26 @@ void OpContext::recv(RecvRequest& req, int peer, int channel, void* dst, size_t 
   recv_tagged(req, peer, channel, dst, bytes, tag_);
 }
 
+void OpContext::send(SendRequest& req, int peer, int channel, const void* buf, size_t bytes,
+                     size_t data_bytes) {
+  post_send(req, peer, channel, buf, bytes, tag_);
+  comm_.count_bytes(peer, true, bytes, data_bytes);
+}
+
+void OpContext::recv(RecvRequest& req, int peer, int channel, void* dst, size_t bytes,
+                     size_t data_bytes) {
+  post_recv(req, peer, channel, dst, bytes, tag_);
+  comm_.count_bytes(peer, false, bytes, data_bytes);
+}
+
 void OpContext::send_tagged(SendRequest& req, int peer, int channel, const void* buf,
                             size_t bytes, const MsgTag& tag) {
+  post_send(req, peer, channel, buf, bytes, tag);
+  comm_.count_bytes(peer, true, bytes, bytes);
+}
+
+void OpContext::post_send(SendRequest& req, int peer, int channel, const void* buf, size_t bytes,
+                          const MsgTag& tag) {
   post(req, peer, bytes, tag);
   name_message(req, peer, channel, true);
   req.buf = buf;
@@ -157,6 +175,12 @@ void OpContext::send_tagged(SendRequest& req, int peer, int channel, const void*
 
 void OpContext::recv_tagged(RecvRequest& req, int peer, int channel, void* dst, size_t bytes,
                             const MsgTag& tag) {
+  post_recv(req, peer, channel, dst, bytes, tag);
+  comm_.count_bytes(peer, false, bytes, bytes);
+}
+
+void OpContext::post_recv(RecvRequest& req, int peer, int channel, void* dst, size_t bytes,
+                          const MsgTag& tag) {
   post(req, peer, bytes, tag);
   name_message(req, peer, channel, false);
   req.dst = dst;
@@ -170,6 +194,7 @@ void OpContext::recv_tagged(RecvRequest& req, int peer, int channel, void* dst, 
 void OpContext::recv_reduce(RecvRequest& req, int peer, int channel, void* dst, const void* src,
                             size_t bytes, kernels::ReduceFn fn, size_t elem_size) {
   post(req, peer, bytes, tag_);
+  comm_.count_bytes(peer, false, bytes, bytes);
   name_message(req, peer, channel, false);
   req.dst = dst;
   req.src = src;

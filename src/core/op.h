@@ -26,6 +26,9 @@ namespace chorus {
 class Comm;
 class Stream;
 class OpContext;
+namespace compress {
+class CompressorHold;
+}
 
 struct RedOp {
   RedOpKind kind = RedOpKind::kSum;
@@ -46,6 +49,8 @@ struct CollCall {
   // Bytes of sendbuf and recvbuf this rank's part of the call touches (0: not used).
   size_t send_bytes = 0;
   size_t recv_bytes = 0;
+  // A compressed call's compressor (chorus*Compressed; src/compress/), else null.
+  std::shared_ptr<compress::CompressorHold> compressor;
 };
 
 // A buffer of an operation that lies in registered ncclMemAlloc memory: sends from it may be
@@ -169,6 +174,11 @@ class OpContext {
 
   void send(SendRequest& req, int peer, int channel, const void* buf, size_t bytes);
   void recv(RecvRequest& req, int peer, int channel, void* dst, size_t bytes);
+  // The same for a compressed message: `bytes` on the wire stand for `data_bytes` of data (the
+  // communicator's byte counters count both).
+  void send(SendRequest& req, int peer, int channel, const void* buf, size_t bytes,
+            size_t data_bytes);
+  void recv(RecvRequest& req, int peer, int channel, void* dst, size_t bytes, size_t data_bytes);
   // dst[i] = fn(src[i], incoming[i]); dst may equal src.
   void recv_reduce(RecvRequest& req, int peer, int channel, void* dst, const void* src,
                    size_t bytes, kernels::ReduceFn fn, size_t elem_size);
@@ -196,6 +206,11 @@ class OpContext {
 
  private:
   void post(Request& req, int peer, size_t bytes, const MsgTag& tag);
+  // send_tagged / recv_tagged without counting the bytes.
+  void post_send(SendRequest& req, int peer, int channel, const void* buf, size_t bytes,
+                 const MsgTag& tag);
+  void post_recv(RecvRequest& req, int peer, int channel, void* dst, size_t bytes,
+                 const MsgTag& tag);
   // Names the message in req.tag for the chunk layer: its lane (`channel`) and its ordinal,
   // the how-manieth message of this operation to (or from) `peer` on that lane, counted alike
   // on both sides since each algorithm posts in the same order per peer and channel (0 for a

@@ -110,6 +110,15 @@ TEST_CASE("AllReduce is bit-identical on every rank over TCP with 3 ranks", "[mp
   run_workers(3, "TCP", "identical");
 }
 
+// The compressed collectives on processes (tests/support/compress_check.h; threads:
+// tests/ranks/compressed_test.cc).
+TEST_CASE("compressed collectives over shared memory with 4 ranks", "[mp][shm][compress]") {
+  run_workers(4, "SHM", "compressed");
+}
+TEST_CASE("compressed collectives over TCP with 3 ranks", "[mp][tcp][compress]") {
+  run_workers(3, "TCP", "compressed");
+}
+
 // UCX: Chorus's ucx transport between every pair of processes, over UCX's tcp transport on the
 // loopback device and over UCX's choice among its shared-memory transports.
 namespace {

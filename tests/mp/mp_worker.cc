@@ -7,6 +7,9 @@
 //                                         between them), float datatype and operator on random
 //                                         data: every rank's output bit-identical to every
 //                                         other's, and right against fp64 (identical_check.h).
+//   chorus_mp_worker compressed           the compressed collectives (compress_check.h): error
+//                                         bound, identical results, volume, non-finite blocks,
+//                                         error feedback.
 //   chorus_mp_worker zero-copy [count]    Send/Recv, AllGather and AlltoAll of `count` floats
 //                                         per rank over verbs, checked; then the verbs byte
 //                                         counters: with CHORUS_TEST_REGISTERED=1 no payload
@@ -21,6 +24,7 @@
 
 #include "common/params.h"
 #include "support/coll_check.h"
+#include "support/compress_check.h"
 #include "support/identical_check.h"
 #if CHORUS_MP_VERBS
 #include "transports/verbs/verbs_stats.h"
@@ -140,7 +144,8 @@ int run_zero_copy(ncclComm_t comm, int rank, int nranks, size_t count) {
 int main(int argc, char** argv) {
   if (argc < 2) {
     fmt::print(stderr,
-               "usage: {} matrix|stream-matrix [max_count] | identical | zero-copy [count]\n",
+               "usage: {} matrix|stream-matrix [max_count] | identical | compressed | zero-copy "
+               "[count]\n",
                argv[0]);
     return 2;
   }
@@ -160,6 +165,13 @@ int main(int argc, char** argv) {
   if (std::strcmp(argv[1], "matrix") == 0) rc = run_matrix(comm, rank, nranks, max_count, false);
   if (std::strcmp(argv[1], "stream-matrix") == 0) rc = run_matrix(comm, rank, nranks, max_count, true);
   if (std::strcmp(argv[1], "identical") == 0) rc = run_identical(comm, rank, nranks);
+  if (std::strcmp(argv[1], "compressed") == 0) {
+    std::string f = check_compressed_matrix(comm, 77, /*large=*/true) +
+                    check_compressed_volume(comm) + check_compressed_nonfinite(comm) +
+                    check_error_feedback(comm);
+    if (!f.empty()) fmt::print(stderr, "rank {}:\n{}", rank, f);
+    rc = f.empty() ? 0 : 1;
+  }
 #if CHORUS_MP_VERBS
   if (std::strcmp(argv[1], "zero-copy") == 0) {
     rc = run_zero_copy(comm, rank, nranks, argc > 2 ? max_count : 262144);
