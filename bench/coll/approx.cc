@@ -44,8 +44,11 @@
 
 #include <fmt/format.h>
 
+#include <strings.h>
+
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 
 namespace chorus::bench {
@@ -150,6 +153,35 @@ verify::Mismatch ApproxChecker::check(int rank, const void* got, int max_reporte
     }
   }
   return m;
+}
+
+CompressOptions transparent_compression(verify::Coll coll) {
+  CompressOptions c;
+  if (coll != verify::Coll::kAllReduce && coll != verify::Coll::kReduceScatter) return c;
+  const char* format = std::getenv("CHORUS_COMPRESS");
+  if (format == nullptr) return c;
+  if (strcasecmp(format, "FP8_E4M3") == 0) {
+    c.format = chorusFp8E4M3;
+  } else if (strcasecmp(format, "FP8_E5M2") == 0) {
+    c.format = chorusFp8E5M2;
+  } else {
+    return c;
+  }
+  c.enabled = true;
+  c.policy = chorusCompressAuto;
+  if (const char* block = std::getenv("CHORUS_COMPRESS_BLOCK")) {
+    char* end = nullptr;
+    long b = std::strtol(block, &end, 10);
+    if (end != block && *end == '\0' && b >= 1 && b <= 65536) c.block = static_cast<unsigned>(b);
+  }
+  const char* scale = std::getenv("CHORUS_COMPRESS_SCALE");
+  if (scale != nullptr && strcasecmp(scale, "UE8M0") == 0) c.scale = chorusScaleUe8m0;
+  return c;
+}
+
+bool compressible(ncclDataType_t dtype, int op) {
+  return (dtype == ncclFloat32 || dtype == ncclBfloat16 || dtype == ncclFloat16) &&
+         (op == ncclSum || op == ncclAvg || op == ncclMax || op == ncclMin);
 }
 
 uint64_t hash_bytes(const void* data, size_t n) {

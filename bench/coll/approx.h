@@ -44,6 +44,15 @@ class ApproxChecker {
   std::vector<std::vector<double>> chunk_max_;  // [rank][chunk of block_ input elements]
 };
 
+// The codec settings of CHORUS_COMPRESS's transparent mode (CHORUS_COMPRESS=FP8_E4M3 or
+// FP8_E5M2, CHORUS_COMPRESS_BLOCK, CHORUS_COMPRESS_SCALE) when the environment turns it on and
+// `coll` is one it applies to (AllReduce, ReduceScatter); enabled is false otherwise.
+CompressOptions transparent_compression(verify::Coll coll);
+
+// Whether a call of this datatype and operator can travel compressed (fp32, bf16, fp16; sum,
+// avg, max, min).
+bool compressible(ncclDataType_t dtype, int op);
+
 // A 64-bit hash of n bytes (not cryptographic: it tells differing outputs apart).
 uint64_t hash_bytes(const void* data, size_t n);
 

@@ -9,6 +9,7 @@
 
 #include <cerrno>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <ctime>
 #include <string_view>
@@ -172,9 +173,14 @@ void Reporter::print_configuration() const {
              o.blocking ? "NULL stream, each call synchronous (-z 1)"
                         : "Chorus host stream, then chorusStreamSynchronize (-z 0)",
              kAverage[o.average], o.average);
-  if (o.compress.enabled)
+  if (o.compress.enabled) {
     fmt::print("# Compression: {} (chorus*Compressed, one compressor per rank)\n",
                compress_description(o.compress));
+  } else if (const char* env = std::getenv("CHORUS_COMPRESS"); env != nullptr && *env != '\0') {
+    fmt::print("# Compression: CHORUS_COMPRESS={} (transparent mode; -c checks compressible "
+               "AllReduce and ReduceScatter calls against the FP8 error bound)\n",
+               env);
+  }
 }
 
 void Reporter::begin(const std::vector<RankInfo>& ranks) {

@@ -37,6 +37,7 @@ RankRunner::RankRunner(Job& job, int local, Reporter* reporter)
                      : fmt::format("nccl{}", verify::coll_name(coll_.coll))) {
   if (options_.compress.enabled)
     coll_call_ = fmt::format("chorus{}Compressed", verify::coll_name(coll_.coll));
+  approx_ = options_.compress.enabled ? options_.compress : transparent_compression(coll_.coll);
 }
 
 RankRunner::~RankRunner() { teardown(); }
@@ -118,16 +119,7 @@ bool RankRunner::setup() {
                             coll_.tool));
       return false;
     }
-    const CompressOptions& c = options_.compress;
-    chorusCompressConfig_t config = CHORUS_COMPRESS_CONFIG_INIT;
-    config.format = c.format;
-    config.blockSize = c.block;
-    config.scaleKind = c.scale;
-    config.rounding = c.rounding;
-    config.errorFeedback = c.error_feedback;
-    config.policy = c.policy;
-    if (!ok(chorusCompressorCreate(&config, &compressor_), "chorusCompressorCreate"))
-      return false;
+    if (!create_compressor()) return false;
   }
   return allocate(&send_, options_.max_bytes) && allocate(&recv_, options_.max_bytes);
 }
@@ -317,9 +309,9 @@ bool RankRunner::check_results(const Step& step, bool in_place, int64_t* wrong) 
     if (!issue(step, in_place, 0) || !synchronize()) return false;
     verify::Mismatch m;
     int64_t differs = 0;
-    if (compressor_ != nullptr) {
+    if (approx_.enabled && compressible(step.dtype, step.op < 0 ? ncclSum : step.op)) {
       if (step.approx == nullptr)
-        step.approx = std::make_unique<ApproxChecker>(v, options_.compress);
+        step.approx = std::make_unique<ApproxChecker>(v, approx_);
       m = step.approx->check(rank_, p.recv);
       if (!check_same_everywhere(step, p, &differs)) return false;
     } else {
@@ -378,8 +370,26 @@ bool RankRunner::issue(const Step& step, bool in_place, int iteration) {
 }
 
 bool RankRunner::reset_compressor() {
-  return compressor_ == nullptr ||
-         ok(chorusCompressorReset(compressor_), "chorusCompressorReset");
+  if (compressor_ == nullptr) return true;
+  // A new compressor rather than chorusCompressorReset: after chorusStreamSynchronize the
+  // stream still holds its last call (and with it the compressor), so Reset answers "1 call(s)
+  // using this compressor are still queued" until the next call on that stream. Destroy lets
+  // queued calls keep what they need, so this is a reset whatever the stream holds.
+  ncclResult_t r = chorusCompressorDestroy(compressor_);
+  compressor_ = nullptr;
+  return ok(r, "chorusCompressorDestroy") && create_compressor();
+}
+
+bool RankRunner::create_compressor() {
+  const CompressOptions& c = options_.compress;
+  chorusCompressConfig_t config = CHORUS_COMPRESS_CONFIG_INIT;
+  config.format = c.format;
+  config.blockSize = c.block;
+  config.scaleKind = c.scale;
+  config.rounding = c.rounding;
+  config.errorFeedback = c.error_feedback;
+  config.policy = c.policy;
+  return ok(chorusCompressorCreate(&config, &compressor_), "chorusCompressorCreate");
 }
 
 bool RankRunner::check_same_everywhere(const Step& step, const Placed& p, int64_t* differs) {

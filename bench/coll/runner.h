@@ -76,7 +76,9 @@ class RankRunner {
   bool check_results(const Step& step, bool in_place, int64_t* wrong);
   // --compress: whether every rank's output equals rank 0's, bit for bit; *differs is 1 if not.
   bool check_same_everywhere(const Step& step, const Placed& p, int64_t* differs);
-  // --compress: unbinds and zeroes the compressor's residual (between sizes, before checks).
+  // --compress: a compressor with --compress's settings, and a fresh one in its place (an
+  // unbound, zero residual: between sizes, before checks).
+  bool create_compressor();
   bool reset_compressor();
   // Adds what the communicator's byte counters moved since *before to wire_/data_.
   bool count_bytes(const chorusByteCounters_t& before);
@@ -105,6 +107,9 @@ class RankRunner {
   Buffer recv_;
   std::string coll_call_;  // "ncclAllReduce", for messages
   chorusCompressor_t compressor_ = nullptr;  // --compress
+  // --compress's settings, or CHORUS_COMPRESS's (transparent mode): the results of
+  // compressible calls are checked against the FP8 error bound. enabled: false otherwise.
+  CompressOptions approx_;
   // Timed calls only: bytes on the wire and what they stand for, from the byte counters.
   unsigned long long wire_bytes_ = 0;
   unsigned long long data_bytes_ = 0;

@@ -13,12 +13,13 @@
 #                  [-b MIN] [-e MAX] [-n ITERS] [-w WARMUP] [-c CHECK] [--rate RATE] [--burst BURST] [--latency LAT] [--tcp-bytes N]
 #                  [--format e4m3|e5m2] [--block N] [--scale fp32|ue8m0] [--enforce]
 #                  [--tcp-only] [--transparent]
-# Defaults: build/, 4M..64M (factor 2), -n 5 -w 1 -c 1, tbf rate 1gbit burst 256kb latency
+# Defaults: build/, 4M..64M (factor 2), -n 10 -w 1 -c 1, tbf rate 1gbit burst 256kb latency
 # 50ms, 256 MiB of raw TCP, E4M3 block 128 fp32 scales. --enforce: exit 1 when a target is
 # missed (off by default: the ratio depends on how busy the CPUs are). --tcp-only: step 1 alone
 # (to choose the tbf settings). --transparent: a third run, the plain tool with
-# CHORUS_COMPRESS=FP8_<FORMAT> CHORUS_COMPRESS_POLICY=always (transparent mode; the library's
-# own block and scale settings; -c 0, since the exact check would fail).
+# CHORUS_COMPRESS=FP8_<FORMAT> CHORUS_COMPRESS_POLICY=ALWAYS CHORUS_COMPRESS_BLOCK=<BLOCK>
+# CHORUS_COMPRESS_SCALE=<SCALE> (transparent mode; all_reduce_perf checks it against the FP8
+# error bound as well).
 # Exit status: 0 done (every check passed), 1 failure, 77 skipped (needs root, ip and tc).
 set -euo pipefail
 
@@ -28,7 +29,7 @@ run=
 perf=
 min=4M
 max=64M
-iters=5
+iters=10
 warmup=1
 check=1
 rate=1gbit
@@ -140,8 +141,8 @@ for kind in "${kinds[@]}"; do
   envs=()
   if [ "$kind" = compressed ]; then args+=("${compress[@]}"); fi
   if [ "$kind" = transparent ]; then
-    envs=("CHORUS_COMPRESS=FP8_${format^^}" CHORUS_COMPRESS_POLICY=always)
-    args+=(-c 0)
+    envs=("CHORUS_COMPRESS=FP8_${format^^}" CHORUS_COMPRESS_POLICY=ALWAYS
+          "CHORUS_COMPRESS_BLOCK=$block" "CHORUS_COMPRESS_SCALE=${scale^^}")
   fi
   echo "# $kind: ${envs[*]} chorus-run -n 2 --netns $ns0,$ns1 all_reduce_perf ${args[*]}"
   if ! env "${envs[@]}" ip netns exec "$ns0" "$run" -n 2 --timeout 900 --netns "$ns0,$ns1" \
@@ -165,7 +166,7 @@ awk -v wire="${wire:-?}" -v tcp="$tcp_both" -v enforce="$enforce" -v nfiles="${#
     if (($9 != "N/A" && $9 != 0) || ($13 != "N/A" && $13 != 0)) bad = 1 }
   END {
     printf "\n%-10s %16s %16s %12s %14s  %-18s%s\n", "size", "plain busbw", "fp8 busbw", "ratio",
-           "link use", "target", nfiles > 2 ? "  transparent busbw, ratio" : ""
+           "link use", "target", (nfiles > 2 ? "  transparent busbw, ratio" : "")
     printf "%-10s %16s %16s %12s %14s\n", "", "(GB/s)", "(GB/s)", "(fp8/plain)", "(plain/0.125)"
     n = 0
     for (s in size) sizes[++n] = s + 0
