@@ -95,7 +95,7 @@ TEST_CASE("every mistake is named", "[unit][bench]") {
   CHECK(parse({"-h"}).options.help);
 }
 
-TEST_CASE("--compress and its companions", "[unit][bench]") {
+TEST_CASE("compression options: --compress and its companions", "[unit][bench]") {
   CHECK(!parse({}).options.compress.enabled);
   ParsedOptions p = parse({"--compress", "e5m2", "--compress-scale", "ue8m0", "--compress-block",
                            "32", "--compress-rounding", "stochastic", "--error-feedback",
