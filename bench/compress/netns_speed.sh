@@ -10,7 +10,8 @@
 #      the targets (>= 3x at 4 MiB, >= 3.5x at 64 MiB) and the link's 0.125 GB/s.
 #
 #   netns_speed.sh [-B BUILD_DIR | --run CHORUS_RUN --perf ALL_REDUCE_PERF]
-#                  [-b MIN] [-e MAX] [-n ITERS] [-w WARMUP] [-c CHECK] [--rate RATE] [--burst BURST] [--latency LAT] [--tcp-bytes N]
+#                  [-b MIN] [-e MAX] [-f FACTOR] [-n ITERS] [-w WARMUP] [-c CHECK]
+#                  [--rate RATE] [--burst BURST] [--latency LAT] [--tcp-bytes N]
 #                  [--format e4m3|e5m2] [--block N] [--scale fp32|ue8m0] [--enforce]
 #                  [--tcp-only] [--transparent]
 # Defaults: build/, 4M..64M (factor 2), -n 10 -w 1 -c 1, tbf rate 1gbit burst 256kb latency
@@ -29,6 +30,7 @@ run=
 perf=
 min=4M
 max=64M
+factor=2
 iters=10
 warmup=1
 check=1
@@ -49,6 +51,7 @@ while [ $# -gt 0 ]; do
     --perf) perf=$2; shift 2 ;;
     -b) min=$2; shift 2 ;;
     -e) max=$2; shift 2 ;;
+    -f) factor=$2; shift 2 ;;
     -n) iters=$2; shift 2 ;;
     -w) warmup=$2; shift 2 ;;
     -c) check=$2; shift 2 ;;
@@ -131,7 +134,7 @@ echo "# raw TCP, $tcp_bytes bytes: one way $tcp_one GB/s, both ways at once $tcp
 if [ "$tcp_only" = 1 ]; then exit 0; fi
 
 # 2. all_reduce_perf, plain then compressed, one rank per host.
-common=(-b "$min" -e "$max" -f 2 -n "$iters" -w "$warmup" -c "$check" -d float -o sum)
+common=(-b "$min" -e "$max" -f "$factor" -n "$iters" -w "$warmup" -c "$check" -d float -o sum)
 compress=(--compress "$format" --compress-block "$block" --compress-scale "$scale")
 status=0
 kinds=(plain compressed)
