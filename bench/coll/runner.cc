@@ -371,10 +371,11 @@ bool RankRunner::issue(const Step& step, bool in_place, int iteration) {
 
 bool RankRunner::reset_compressor() {
   if (compressor_ == nullptr) return true;
-  // A new compressor rather than chorusCompressorReset: after chorusStreamSynchronize the
-  // stream still holds its last call (and with it the compressor), so Reset answers "1 call(s)
-  // using this compressor are still queued" until the next call on that stream. Destroy lets
-  // queued calls keep what they need, so this is a reset whatever the stream holds.
+  // A new compressor rather than chorusCompressorReset: after a call on a Chorus stream and
+  // chorusStreamSynchronize, Reset still answers "1 call(s) using this compressor are still
+  // queued" (seen for 15 s and more; with the NULL stream it works): the finished call's hold
+  // on the compressor outlives it. Destroy lets queued calls keep what they need, so a fresh
+  // compressor is a reset whatever still holds the old one.
   ncclResult_t r = chorusCompressorDestroy(compressor_);
   compressor_ = nullptr;
   return ok(r, "chorusCompressorDestroy") && create_compressor();
