@@ -374,7 +374,7 @@ bool RankRunner::reset_compressor() {
   // A new compressor rather than chorusCompressorReset: after a call on a Chorus stream and
   // chorusStreamSynchronize, Reset still answers "1 call(s) using this compressor are still
   // queued" (seen for 15 s and more; with the NULL stream it works): the finished call's hold
-  // on the compressor outlives it. Destroy lets queued calls keep what they need, so a fresh
+  // on the compressor lasts until the next call on that stream. Destroy lets queued calls keep what they need, so a fresh
   // compressor is a reset whatever still holds the old one.
   ncclResult_t r = chorusCompressorDestroy(compressor_);
   compressor_ = nullptr;
