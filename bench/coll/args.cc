@@ -129,6 +129,16 @@ std::string name_list(const Named* table, int canonical) {
   return s;
 }
 
+// Long-only options (no short letter: nccl-tests owns those).
+enum : int {
+  kOptCompress = 256,
+  kOptCompressScale,
+  kOptCompressBlock,
+  kOptCompressRounding,
+  kOptErrorFeedback,
+  kOptCompressPolicy,
+};
+
 const option kLongOptions[] = {
     {"nthreads", required_argument, nullptr, 't'},
     {"ngpus", required_argument, nullptr, 'g'},
@@ -147,6 +157,12 @@ const option kLongOptions[] = {
     {"local_register", required_argument, nullptr, 'R'},
     {"output_file", required_argument, nullptr, 'J'},
     {"timeout", required_argument, nullptr, 'T'},
+    {"compress", required_argument, nullptr, kOptCompress},
+    {"compress-scale", required_argument, nullptr, kOptCompressScale},
+    {"compress-block", required_argument, nullptr, kOptCompressBlock},
+    {"compress-rounding", required_argument, nullptr, kOptCompressRounding},
+    {"error-feedback", no_argument, nullptr, kOptErrorFeedback},
+    {"compress-policy", required_argument, nullptr, kOptCompressPolicy},
     {"help", no_argument, nullptr, 'h'},
     {nullptr, 0, nullptr, 0},
 };
@@ -154,8 +170,11 @@ constexpr const char* kShortOptions = ":t:g:b:e:i:f:n:w:c:o:d:r:a:z:R:J:T:h";
 
 // The spelling of option `c` for messages: "-b/--minbytes".
 std::string spelling(int c) {
-  for (const option* o = kLongOptions; o->name != nullptr; ++o)
-    if (o->val == c) return fmt::format("-{}/--{}", static_cast<char>(c), o->name);
+  for (const option* o = kLongOptions; o->name != nullptr; ++o) {
+    if (o->val != c) continue;
+    if (c >= kOptCompress) return fmt::format("--{}", o->name);
+    return fmt::format("-{}/--{}", static_cast<char>(c), o->name);
+  }
   return fmt::format("-{}", static_cast<char>(c));
 }
 
@@ -181,8 +200,67 @@ std::string apply_names(Options& o, int c, const char* v) {
   return "";
 }
 
+// The --compress options; returns an error message, or "" when it was accepted.
+std::string apply_compress(CompressOptions& o, int c, const char* v) {
+  auto bad = [&](std::string_view expected) {
+    return fmt::format("{}: '{}' is not {}", spelling(c), v, expected);
+  };
+  auto is = [&](const char* a, const char* b = nullptr) {
+    return std::strcmp(v, a) == 0 || (b != nullptr && std::strcmp(v, b) == 0);
+  };
+  if (c != kOptCompress) o.details_given = true;
+  switch (c) {
+    case kOptCompress:
+      if (is("e4m3", "fp8_e4m3")) {
+        o.format = chorusFp8E4M3;
+      } else if (is("e5m2", "fp8_e5m2")) {
+        o.format = chorusFp8E5M2;
+      } else {
+        return bad("an FP8 format: e4m3 or e5m2");
+      }
+      o.enabled = true;
+      return "";
+    case kOptCompressScale:
+      if (is("fp32", "float32")) {
+        o.scale = chorusScaleFloat32;
+      } else if (is("ue8m0")) {
+        o.scale = chorusScaleUe8m0;
+      } else {
+        return bad("a scale kind: fp32 or ue8m0");
+      }
+      return "";
+    case kOptCompressBlock: {
+      auto n = parse_long(v, 1, 65536);
+      if (!n) return bad("a block size in 1..65536 elements");
+      o.block = static_cast<unsigned int>(*n);
+      return "";
+    }
+    case kOptCompressRounding:
+      if (is("nearest", "rne")) {
+        o.rounding = chorusRoundNearestEven;
+      } else if (is("stochastic")) {
+        o.rounding = chorusRoundStochastic;
+      } else {
+        return bad("a rounding: nearest or stochastic");
+      }
+      return "";
+    case kOptErrorFeedback: o.error_feedback = 1; return "";
+    case kOptCompressPolicy:
+      if (is("always")) {
+        o.policy = chorusCompressAlways;
+      } else if (is("auto")) {
+        o.policy = chorusCompressAuto;
+      } else {
+        return bad("a policy: always or auto");
+      }
+      return "";
+  }
+  return fmt::format("internal error: option {} has no handler", c);
+}
+
 // Applies one option; returns an error message, or "" when it was accepted.
 std::string apply(Options& o, int c, const char* v) {
+  if (c >= kOptCompress) return apply_compress(o.compress, c, v);
   auto bad = [&](std::string_view expected) {
     return fmt::format("{}: '{}' is not {}", spelling(c), v, expected);
   };
@@ -243,6 +321,19 @@ std::string cross_check(const Options& o) {
     return "-i/--stepbytes 0 without -f/--stepfactor would never reach -e/--maxbytes";
   if (o.step_factor > 1 && o.min_bytes == 0 && o.max_bytes > 0)
     return "-b/--minbytes 0 with -f/--stepfactor never grows: start from 1 byte or more";
+  if (o.compress.details_given && !o.compress.enabled)
+    return "--compress-scale, --compress-block, --compress-rounding, --error-feedback and "
+           "--compress-policy need --compress e4m3|e5m2";
+  if (o.compress.enabled) {
+    for (ncclDataType_t t : o.dtypes)
+      if (t != ncclFloat32 && t != ncclFloat16 && t != ncclBfloat16)
+        return fmt::format("--compress: datatype {} cannot be compressed (float, half or bfloat16)",
+                           dtype_name(t));
+    for (int op : o.ops)
+      if (op != ncclSum && op != ncclAvg && op != ncclMax && op != ncclMin)
+        return fmt::format("--compress: operator {} cannot be compressed (sum, avg, max or min)",
+                           op_name(op));
+  }
   return "";
 }
 
@@ -282,6 +373,15 @@ ParsedOptions parse_options(int argc, char** argv_in) {
   }
   r.error = cross_check(r.options);
   return r;
+}
+
+std::string compress_description(const CompressOptions& c) {
+  return fmt::format("FP8 {}, block {}, {} scales, round {}, error feedback {}, policy {}",
+                     c.format == chorusFp8E4M3 ? "E4M3" : "E5M2", c.block,
+                     c.scale == chorusScaleFloat32 ? "fp32" : "UE8M0",
+                     c.rounding == chorusRoundNearestEven ? "nearest-even" : "stochastic",
+                     c.error_feedback ? "on" : "off",
+                     c.policy == chorusCompressAlways ? "always" : "auto");
 }
 
 std::vector<size_t> message_sizes(const Options& o) {
@@ -333,6 +433,15 @@ std::string usage_text(const char* program) {
       "  -J, --output_file FILE  also write every row as JSON (FILE.N if FILE exists)\n"
       "  -T, --timeout S         fail if one size takes longer than S seconds (0: never)\n"
       "  -g, --ngpus 1           accepted for compatibility (only 1)\n"
+      "  --compress e4m3|e5m2    all_reduce_perf, reduce_scatter_perf, all_gather_perf: time\n"
+      "                          chorus*Compressed (FP8 on the wire) with one compressor per\n"
+      "                          rank; -c checks against a derived error bound, and that every\n"
+      "                          rank holds the same result (AllReduce, AllGather) (off)\n"
+      "  --compress-scale K      fp32 or ue8m0 block scales (fp32)\n"
+      "  --compress-block N      elements per scale, 1..65536 (128)\n"
+      "  --compress-rounding R   nearest or stochastic (nearest)\n"
+      "  --error-feedback        keep a residual per rank (reset before every size and check)\n"
+      "  --compress-policy P     always, or auto: the tuner decides per call (always)\n"
       "  -h, --help              this text\n"
       "Exit status: 0 all correct; 1 wrong results, errors or timeout; 2 bad command line.\n",
       program, name_list(kOpNames, kNumCanonicalOps), name_list(kDtypeNames, kNumCanonicalDtypes));

@@ -4,6 +4,7 @@
 // a message per mistake, the help text, and the datatype and operator names.
 #pragma once
 
+#include <chorus/compress.h>
 #include <nccl.h>
 
 #include <cstddef>
@@ -13,6 +14,22 @@
 namespace chorus::bench {
 
 inline constexpr int kAllRoots = -1;  // -r all: every rank in turn
+
+// --compress and its companions: time chorus*Compressed (AllReduce, ReduceScatter, AllGather)
+// through one compressor per rank instead of the plain call.
+struct CompressOptions {
+  bool enabled = false;                                     // --compress e4m3|e5m2
+  chorusCompressFormat_t format = chorusFp8E4M3;            // (the value of --compress)
+  chorusScaleKind_t scale = chorusScaleFloat32;             // --compress-scale fp32|ue8m0
+  unsigned int block = 128;                                 // --compress-block N
+  chorusRounding_t rounding = chorusRoundNearestEven;       // --compress-rounding
+  int error_feedback = 0;                                   // --error-feedback
+  chorusCompressPolicy_t policy = chorusCompressAlways;     // --compress-policy always|auto
+  bool details_given = false;  // one of the companions was given (needs --compress)
+};
+
+// "FP8 E4M3, block 128, fp32 scales, round nearest-even, error feedback off, policy always".
+std::string compress_description(const CompressOptions& c);
 
 struct Options {
   size_t min_bytes = size_t{32} << 20;  // -b
@@ -31,6 +48,7 @@ struct Options {
   int local_register = 0;   // -R: 1 buffers from ncclMemAlloc, registered on the comm
   int timeout_s = 0;        // -T: 0 none
   std::string output_file;  // -J
+  CompressOptions compress;  // --compress...
   bool help = false;        // -h
 };
 

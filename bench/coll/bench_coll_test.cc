@@ -5,10 +5,13 @@
 // input/output extents. (The tools themselves run in the bench-smoke tests.)
 #define CATCH_CONFIG_MAIN
 #include <catch2/catch.hpp>
+#include <algorithm>
+#include <cmath>
 #include <initializer_list>
 #include <string>
 #include <vector>
 
+#include "bench/coll/approx.h"
 #include "bench/coll/args.h"
 #include "bench/coll/collective.h"
 #include "bench/common/verifiable.h"
@@ -90,6 +93,118 @@ TEST_CASE("every mistake is named", "[unit][bench]") {
   CHECK(error({"-b", "1K", "-e", "2K", "-i", "0"}).find("never reach") != std::string::npos);
   CHECK(error({"-b", "0", "-e", "2K", "-f", "2"}).find("never grows") != std::string::npos);
   CHECK(parse({"-h"}).options.help);
+}
+
+TEST_CASE("compression options: --compress and its companions", "[unit][bench]") {
+  CHECK(!parse({}).options.compress.enabled);
+  ParsedOptions p = parse({"--compress", "e5m2", "--compress-scale", "ue8m0", "--compress-block",
+                           "32", "--compress-rounding", "stochastic", "--error-feedback",
+                           "--compress-policy=auto", "-d", "bf16,half,float", "-o", "avg,max"});
+  REQUIRE(p.error.empty());
+  const CompressOptions& c = p.options.compress;
+  CHECK(c.enabled);
+  CHECK(c.format == chorusFp8E5M2);
+  CHECK(c.scale == chorusScaleUe8m0);
+  CHECK(c.block == 32);
+  CHECK(c.rounding == chorusRoundStochastic);
+  CHECK(c.error_feedback == 1);
+  CHECK(c.policy == chorusCompressAuto);
+  CHECK(compress_description(c) ==
+        "FP8 E5M2, block 32, UE8M0 scales, round stochastic, error feedback on, policy auto");
+  CHECK(parse({"--compress", "e4m3"}).options.compress.block == 128);
+  auto error = [](std::initializer_list<const char*> args) { return parse(args).error; };
+  CHECK(error({"--compress", "e3m4"}).find("--compress: 'e3m4' is not an FP8 format") == 0);
+  CHECK(error({"--compress", "e4m3", "--compress-block", "0"}).find("--compress-block") == 0);
+  CHECK(error({"--compress", "e4m3", "--compress-block", "65537"}).find("1..65536") !=
+        std::string::npos);
+  CHECK(error({"--compress-block", "64"}).find("need --compress") != std::string::npos);
+  CHECK(error({"--error-feedback"}).find("need --compress") != std::string::npos);
+  CHECK(error({"--compress", "e4m3", "-d", "int32"}).find("datatype int32 cannot") !=
+        std::string::npos);
+  CHECK(error({"--compress", "e4m3", "-o", "prod"}).find("operator prod cannot") !=
+        std::string::npos);
+  CHECK(collective(Coll::kAllReduce).issue_compressed != nullptr);
+  CHECK(collective(Coll::kReduceScatter).issue_compressed != nullptr);
+  CHECK(collective(Coll::kAllGather).issue_compressed != nullptr);
+  CHECK(collective(Coll::kBroadcast).issue_compressed == nullptr);
+}
+
+// A model of one block-scaled quantization (fp32 scale = amax / FP8_MAX, round to nearest
+// even), independent of the library's codec: the check's bound must hold for it, wherever the
+// blocks start.
+void quantize_model(std::vector<double>& x, size_t first, size_t n, size_t block, bool e4m3) {
+  const int mantissa = e4m3 ? 3 : 2;
+  const int min_exp = e4m3 ? -6 : -14;
+  const double fp8_max = e4m3 ? 448.0 : 57344.0;
+  for (size_t b = first; b < first + n; b += block) {
+    const size_t end = std::min(first + n, b + block);
+    double amax = 0;
+    for (size_t i = b; i < end; ++i) amax = std::max(amax, std::fabs(x[i]));
+    if (amax == 0) continue;
+    const double s = static_cast<float>(amax / fp8_max);
+    for (size_t i = b; i < end; ++i) {
+      const double y = x[i] / s;
+      if (y == 0) continue;
+      int e = 0;
+      std::frexp(std::fabs(y), &e);
+      const double spacing = std::ldexp(1.0, std::max(e - 1, min_exp) - mantissa);
+      x[i] = std::clamp(std::nearbyint(y / spacing) * spacing, -fp8_max, fp8_max) * s;
+    }
+  }
+}
+
+TEST_CASE("the compressed check's bound holds for a model codec", "[unit][bench]") {
+  CompressOptions c;
+  c.enabled = true;
+  CHECK(ApproxChecker::unit_error(c) == 1.0 / 16);
+  c.format = chorusFp8E5M2;
+  CHECK(ApproxChecker::unit_error(c) == 1.0 / 8);
+  c.rounding = chorusRoundStochastic;
+  CHECK(ApproxChecker::unit_error(c) == 1.0 / 4);
+  for (bool e4m3 : {true, false}) {
+    for (size_t block : {size_t{1}, size_t{7}, size_t{128}, size_t{1000}}) {
+      CompressOptions o;
+      o.enabled = true;
+      o.format = e4m3 ? chorusFp8E4M3 : chorusFp8E5M2;
+      o.block = static_cast<unsigned int>(block);
+      const int n = 3;
+      const size_t count = 3000;  // shards of 1000: blocks start off the checker's chunks
+      auto v = verify::Verifier::create({Coll::kAllReduce, ncclFloat, ncclSum, n, count, 0});
+      ApproxChecker checker(*v, o);
+      // Two stages as compress.h describes them: rank j owns shard j; the others' shards are
+      // quantized, summed with j's exact one, the sum quantized once.
+      std::vector<double> sum(count, 0.0);
+      std::vector<float> in(count);
+      for (int r = 0; r < n; ++r) {
+        v->fill_input(r, in.data(), 0, count);
+        std::vector<double> x(in.begin(), in.end());
+        for (int j = 0; j < n; ++j)
+          if (j != r) quantize_model(x, j * (count / n), count / n, block, e4m3);
+        for (size_t i = 0; i < count; ++i) sum[i] += x[i];
+      }
+      for (int j = 0; j < n; ++j) quantize_model(sum, j * (count / n), count / n, block, e4m3);
+      std::vector<float> got(sum.begin(), sum.end());
+      INFO("e4m3 " << e4m3 << " block " << block);
+      verify::Mismatch m = checker.check(1, got.data());
+      CHECK(m.wrong == 0);
+      CHECK(m.first.empty());
+      // The bound for the generated inputs (0..15, 3 ranks, E4M3: 0.129 * 45 = 5.8).
+      if (e4m3 && block == 128) CHECK(checker.tolerance(0, 10, 20.0) == Approx(5.80).epsilon(0.01));
+      // Beyond the bound, and NaN, are wrong.
+      got[17] += static_cast<float>(checker.tolerance(1, 17, got[17]) * 1.5 + 1);
+      got[18] = std::nanf("");
+      CHECK(checker.check(1, got.data()).wrong == 2);
+    }
+  }
+  // AllGather quantizes once: u times the owner's magnitude (copies use integers below 2^20).
+  CompressOptions o;
+  o.enabled = true;
+  auto ag = verify::Verifier::create({Coll::kAllGather, ncclFloat, ncclSum, 2, 512, 0});
+  ApproxChecker agc(*ag, o);
+  const double t = agc.tolerance(0, 600, 3.0);
+  CHECK((t > 0.9 * 65536 && t < 65536 * 1.001));
+  CHECK(hash_bytes("abcdefghij", 10) != hash_bytes("abcdefghik", 10));
+  CHECK(hash_bytes("abcdefghij", 10) == hash_bytes("abcdefghij", 10));
 }
 
 TEST_CASE("message sizes step by factor or by bytes", "[unit][bench]") {

@@ -49,36 +49,48 @@ const Collective kCollectives[] = {
     {Coll::kAllReduce, "all_reduce_perf", whole, false, factor_allreduce, true,
      [](const CallArgs& a) {
        return ncclAllReduce(a.send, a.recv, a.count, a.dtype, a.op, a.comm, a.stream);
+     },
+     [](const CallArgs& a) {
+       return chorusAllReduceCompressed(a.send, a.recv, a.count, a.dtype, a.op, a.compressor,
+                                        a.comm, a.stream);
      }},
     {Coll::kReduceScatter, "reduce_scatter_perf", scattering, true, factor_ring, true,
      [](const CallArgs& a) {
        return ncclReduceScatter(a.send, a.recv, a.count, a.dtype, a.op, a.comm, a.stream);
+     },
+     [](const CallArgs& a) {
+       return chorusReduceScatterCompressed(a.send, a.recv, a.count, a.dtype, a.op, a.compressor,
+                                            a.comm, a.stream);
      }},
     {Coll::kAllGather, "all_gather_perf", gathering, true, factor_ring, true,
      [](const CallArgs& a) {
        return ncclAllGather(a.send, a.recv, a.count, a.dtype, a.comm, a.stream);
+     },
+     [](const CallArgs& a) {
+       return chorusAllGatherCompressed(a.send, a.recv, a.count, a.dtype, a.compressor, a.comm,
+                                        a.stream);
      }},
     {Coll::kBroadcast, "broadcast_perf", whole, false, factor_one, true,
      [](const CallArgs& a) {
        return ncclBroadcast(a.send, a.recv, a.count, a.dtype, a.root, a.comm, a.stream);
-     }},
+     }, nullptr},
     {Coll::kReduce, "reduce_perf", whole, false, factor_one, true,
      [](const CallArgs& a) {
        return ncclReduce(a.send, a.recv, a.count, a.dtype, a.op, a.root, a.comm, a.stream);
-     }},
+     }, nullptr},
     {Coll::kAlltoAll, "alltoall_perf", exchanging, true, factor_ring, true,
      [](const CallArgs& a) {
        return ncclAlltoAll(a.send, a.recv, a.count, a.dtype, a.comm, a.stream);
-     }},
+     }, nullptr},
     {Coll::kGather, "gather_perf", gathering, true, factor_ring, true,
      [](const CallArgs& a) {
        return ncclGather(a.send, a.recv, a.count, a.dtype, a.root, a.comm, a.stream);
-     }},
+     }, nullptr},
     {Coll::kScatter, "scatter_perf", scattering, true, factor_ring, true,
      [](const CallArgs& a) {
        return ncclScatter(a.send, a.recv, a.count, a.dtype, a.root, a.comm, a.stream);
-     }},
-    {Coll::kSendRecv, "sendrecv_perf", whole, false, factor_one, false, send_recv},
+     }, nullptr},
+    {Coll::kSendRecv, "sendrecv_perf", whole, false, factor_one, false, send_recv, nullptr},
 };
 
 }  // namespace

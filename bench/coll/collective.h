@@ -5,6 +5,7 @@
 // bandwidth formulas (nccl-tests' PERFORMANCE.md) and how to make the call.
 #pragma once
 
+#include <chorus/compress.h>
 #include <nccl.h>
 
 #include <cstddef>
@@ -34,6 +35,7 @@ struct CallArgs {
   int nranks = 1;
   ncclComm_t comm = nullptr;
   cudaStream_t stream = nullptr;
+  chorusCompressor_t compressor = nullptr;  // --compress: the rank's compressor
 };
 
 struct Collective {
@@ -50,6 +52,9 @@ struct Collective {
   bool checks_in_place;
   // Issues the call (for SendRecv: a group of one send to rank+1 and one receive from rank-1).
   ncclResult_t (*issue)(const CallArgs& a);
+  // The chorus*Compressed call through a.compressor (--compress); nullptr when the collective
+  // has no compressed variant.
+  ncclResult_t (*issue_compressed)(const CallArgs& a);
 };
 
 const Collective& collective(verify::Coll c);

@@ -27,6 +27,9 @@ namespace {
 
 // Options that are only checkable once the number of ranks is known.
 std::string check_against_ranks(const Options& o, const Collective& c, int nranks) {
+  if (o.compress.enabled && c.issue_compressed == nullptr)
+    return "--compress: only all_reduce_perf, reduce_scatter_perf and all_gather_perf have "
+           "compressed variants";
   if (verify::coll_rooted(c.coll) && o.root != kAllRoots && o.root >= nranks) {
     int nprocs = nranks / o.nthreads;
     return fmt::format("-r/--root {} is not a rank: ranks are 0..{} ({} process{} x {} thread{})",

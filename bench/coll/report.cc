@@ -9,6 +9,7 @@
 
 #include <cerrno>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <ctime>
 #include <string_view>
@@ -172,6 +173,14 @@ void Reporter::print_configuration() const {
              o.blocking ? "NULL stream, each call synchronous (-z 1)"
                         : "Chorus host stream, then chorusStreamSynchronize (-z 0)",
              kAverage[o.average], o.average);
+  if (o.compress.enabled) {
+    fmt::print("# Compression: {} (chorus*Compressed, one compressor per rank)\n",
+               compress_description(o.compress));
+  } else if (const char* env = std::getenv("CHORUS_COMPRESS"); env != nullptr && *env != '\0') {
+    fmt::print("# Compression: CHORUS_COMPRESS={} (transparent mode; -c checks compressible "
+               "AllReduce and ReduceScatter calls against the FP8 error bound)\n",
+               env);
+  }
 }
 
 void Reporter::begin(const std::vector<RankInfo>& ranks) {
@@ -216,11 +225,23 @@ void Reporter::row(const Row& r) {
   rows_.push_back(r);
 }
 
+void Reporter::bytes(unsigned long long wire, unsigned long long data) {
+  wire_bytes_ = wire;
+  data_bytes_ = data;
+}
+
 void Reporter::end(const std::string& error) {
   double average = busbw_count_ > 0 ? busbw_sum_ / busbw_count_ : 0.0;
   fmt::print("# {:<20} : {} {}\n", "Out of bounds values", out_of_bounds_,
              out_of_bounds_ ? "FAILED" : "OK");
   fmt::print("# {:<20} : {:g} \n", "Avg bus bandwidth", average);
+  if (options_.compress.enabled || wire_bytes_ != data_bytes_) {
+    double percent = data_bytes_ > 0 ? 100.0 * static_cast<double>(wire_bytes_) /
+                                           static_cast<double>(data_bytes_)
+                                     : 0.0;
+    fmt::print("# wire bytes: {} of uncompressed {} ({:.2f}%), timed calls, all ranks\n",
+               wire_bytes_, data_bytes_, percent);
+  }
   if (!error.empty()) fmt::print("# error: {}\n", error);
   fmt::print("#\n# Collective test concluded: {}\n", tool_);
   std::fflush(stdout);
@@ -319,6 +340,9 @@ void Reporter::write_json(const std::string& error) {
   j.key("bandwidth").num(busbw_count_ > 0 ? busbw_sum_ / busbw_count_ : 0.0);
   j.key("okay").str("unchecked");
   j.end('}');
+  j.key("wire_bytes").integer(static_cast<int64_t>(wire_bytes_));
+  j.key("data_bytes").integer(static_cast<int64_t>(data_bytes_));
+  if (options_.compress.enabled) j.key("compression").str(compress_description(options_.compress));
   j.key("errors").begin('[');
   if (!error.empty()) j.str(error);
   j.end(']');

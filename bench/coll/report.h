@@ -56,6 +56,10 @@ class Reporter {
   void begin(const std::vector<RankInfo>& ranks);
   // Prints one row and keeps it for the averages and the JSON file.
   void row(const Row& r);
+  // The bytes the timed calls put on the wire, summed over ranks, and what they stand for
+  // uncompressed (chorusCommGetByteCounters). The footer shows their ratio under --compress,
+  // or whenever they differ (CHORUS_COMPRESS in the environment).
+  void bytes(unsigned long long wire, unsigned long long data);
   // Prints the footer (and `error`, if any) and writes the JSON file. Call once.
   void end(const std::string& error);
 
@@ -80,6 +84,8 @@ class Reporter {
   double busbw_sum_ = 0;
   int busbw_count_ = 0;
   int out_of_bounds_ = 0;
+  unsigned long long wire_bytes_ = 0;
+  unsigned long long data_bytes_ = 0;
 };
 
 }  // namespace chorus::bench

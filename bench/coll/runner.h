@@ -5,12 +5,14 @@
 // and checks their results, exactly as every other rank does (the calls are collective).
 #pragma once
 
+#include <chorus/compress.h>
 #include <nccl.h>
 
 #include <cstddef>
 #include <memory>
 #include <string>
 
+#include "bench/coll/approx.h"
 #include "bench/coll/collective.h"
 #include "bench/coll/job.h"
 #include "bench/coll/report.h"
@@ -49,6 +51,8 @@ class RankRunner {
     size_t element_bytes = 0;
     Layout layout;
     std::unique_ptr<verify::Verifier> verifier;
+    // --compress: the error bound, made by the first check of the step.
+    mutable std::unique_ptr<ApproxChecker> approx;
   };
   // Where one call reads and writes.
   struct Placed {
@@ -70,6 +74,17 @@ class RankRunner {
   bool bench_placement(const Step& step, bool in_place, Placement* result);
   bool time_iterations(const Step& step, bool in_place, double* seconds);
   bool check_results(const Step& step, bool in_place, int64_t* wrong);
+  // --compress: whether every rank's output equals rank 0's, bit for bit; *differs is 1 if not.
+  bool check_same_everywhere(const Step& step, const Placed& p, int64_t* differs);
+  // --compress: a compressor with --compress's settings, and a fresh one in its place (an
+  // unbound, zero residual: between sizes, before checks).
+  bool create_compressor();
+  bool reset_compressor();
+  // Adds what the communicator's byte counters moved since *before to wire_/data_.
+  bool count_bytes(const chorusByteCounters_t& before);
+  bool read_counters(chorusByteCounters_t* counters);
+  // Sums wire_/data_ over ranks and hands them to the reporter.
+  bool report_bytes();
   bool issue(const Step& step, bool in_place, int iteration);
   Placed place(const Step& step, bool in_place, int iteration) const;
   bool synchronize();
@@ -91,6 +106,13 @@ class RankRunner {
   Buffer send_;
   Buffer recv_;
   std::string coll_call_;  // "ncclAllReduce", for messages
+  chorusCompressor_t compressor_ = nullptr;  // --compress
+  // --compress's settings, or CHORUS_COMPRESS's (transparent mode): the results of
+  // compressible calls are checked against the FP8 error bound. enabled: false otherwise.
+  CompressOptions approx_;
+  // Timed calls only: bytes on the wire and what they stand for, from the byte counters.
+  unsigned long long wire_bytes_ = 0;
+  unsigned long long data_bytes_ = 0;
   bool any_wrong_ = false;
 };
 
