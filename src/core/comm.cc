@@ -251,6 +251,9 @@ void Comm::finish_op(Op& op, Status status) {
   op.shared.clear();
   op.pin_keys.clear();
   op.pins.clear();  // after the fibers: no transfer reads the buffers any more
+  // A stream keeps its last op (for ordering): release the compressors now, so that a compressor
+  // can be reset once its calls are done.
+  for (CollCall& call : op.calls()) call.compressor.reset();
   // The queue's reference may be the last one: keep the op alive until we are done with it.
   std::shared_ptr<Op> keep;
   {

@@ -6,6 +6,7 @@
 // processes over shared memory and TCP in tests/mp.
 #include <catch2/catch.hpp>
 #include <chorus/compress.h>
+#include <chorus/stream.h>
 #include <nccl.h>
 
 #include <cmath>
@@ -193,6 +194,20 @@ TEST_CASE("compressed calls reject what cannot be compressed", "[ranks][compress
   REQUIRE_ERROR(chorusCommGetByteCounters(comm, 1, nullptr), ncclInvalidArgument, "NULL");
   chorusByteCounters_t b{};
   REQUIRE_ERROR(chorusCommGetByteCounters(comm, 1, &b), ncclInvalidArgument, "peer 1");
+
+  // A compressor's calls on a stream hold it until they are done, not longer: reset works once
+  // the stream is synchronized.
+  cfg = CHORUS_COMPRESS_CONFIG_INIT;
+  cfg.errorFeedback = 1;
+  REQUIRE(chorusCompressorCreate(&cfg, &comp) == ncclSuccess);
+  chorusStream_t stream = nullptr;
+  REQUIRE(chorusStreamCreate(&stream) == ncclSuccess);
+  REQUIRE(chorusAllReduceCompressed(buf.data(), buf.data(), 16, ncclFloat32, ncclSum, comp, comm,
+                                    stream) == ncclSuccess);
+  REQUIRE(chorusStreamSynchronize(stream) == ncclSuccess);
+  CHECK(chorusCompressorReset(comp) == ncclSuccess);
+  REQUIRE(chorusStreamDestroy(stream) == ncclSuccess);
+  REQUIRE(chorusCompressorDestroy(comp) == ncclSuccess);
 
   // The communicator is still usable, and one rank compresses nothing: the output is the input.
   REQUIRE(chorusCompressorCreate(nullptr, &comp) == ncclSuccess);
