@@ -392,6 +392,11 @@ Task run(OpContext& ctx, const CollCall& call, Compressor& compressor) {
   }
   Result<float*> residual = compressor.begin_run();
   if (!residual.ok()) co_return residual.take_status();
+  // Ends the run however the coroutine ends: done, failed, or destroyed by an abort.
+  struct RunGuard {
+    Compressor& c;
+    ~RunGuard() { c.end_run(); }
+  } guard{compressor};
   Codec codec(ctx, call, compressor.settings(), *residual);
   CHORUS_TRACE(kColl, "{}: compressed ({} block {})", describe_tag(call.tag),
                datatype_name(compressor.settings().format), compressor.settings().block);
@@ -402,7 +407,6 @@ Task run(OpContext& ctx, const CollCall& call, Compressor& compressor) {
     case CollKind::kAllGather: status = co_await all_gather(ctx, call, codec); break;
     default: status = internal_error("{} has no compressed algorithm", coll_name(call.kind));
   }
-  compressor.end_run();
   co_return status;
 }
 
