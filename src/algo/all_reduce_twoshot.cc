@@ -3,6 +3,9 @@
 // Two-shot AllReduce: a direct reduce-scatter (block j of every rank goes straight to rank j,
 // which folds them) and a direct all-gather of the reduced blocks. Two message latencies and
 // the optimal 2(n-1)/n of the data per rank: for medium sizes among a few ranks of one host.
+// The owner folds the blocks in a fixed order (from rank r-1, then r-2, ...), receiving the
+// next only once the previous is folded: the same input gives the same bits on every run (the
+// transports buffer what arrives meanwhile).
 #include <memory>
 
 #include "algo/algo.h"
@@ -21,13 +24,15 @@ Task all_reduce_twoshot(OpContext& ctx, Args a) {
   // Reduce-scatter: block r of out accumulates everyone's block r. We send from the input;
   // in place, the blocks we send are never written in this phase (only block r is).
   for (int k = 1; k < n; ++k) {
-    int to = mod(r + k, n), from = mod(r - k, n);
+    int to = mod(r + k, n);
     if (len(to) > 0) ctx.send(sends[k], to, a.channel, a.in + off(to), len(to));
-    if (len(r) > 0)
-      ctx.recv_reduce(recvs[k], from, a.channel, a.out + off(r), a.out + off(r), len(r), a.reduce, es);
+  }
+  for (int k = 1; k < n && len(r) > 0; ++k) {
+    ctx.recv_reduce(recvs[k], mod(r - k, n), a.channel, a.out + off(r), a.out + off(r), len(r),
+                    a.reduce, es);
+    CHORUS_CO_RETURN_IF_ERROR(co_await ctx.wait(recvs[k]));
   }
   for (int k = 1; k < n; ++k) {
-    if (len(r) > 0) CHORUS_CO_RETURN_IF_ERROR(co_await ctx.wait(recvs[k]));
     if (len(mod(r + k, n)) > 0) CHORUS_CO_RETURN_IF_ERROR(co_await ctx.wait(sends[k]));
   }
   // All-gather: our reduced block to everyone, theirs into place.

@@ -1,7 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 // File: src/algo/reduce_scatter_direct.cc
 // Direct ReduceScatter: every rank sends block j straight to rank j and folds the n-1 blocks it
-// receives into its own. One message latency, (n-1)/n of the data per rank.
+// receives into its own, in a fixed order (from rank r-1, then r-2, ...: the next block is
+// received once the previous is folded), so the same input gives the same bits on every run.
+// One message latency, (n-1)/n of the data per rank.
 #include <memory>
 
 #include "algo/algo.h"
@@ -17,14 +19,15 @@ Task reduce_scatter_direct(OpContext& ctx, Args a) {
   RequestArray<SendRequest> sends(n);
   RequestArray<RecvRequest> recvs(n);
   for (int k = 1; k < n; ++k) {
-    int to = mod(r + k, n), from = mod(r - k, n);
+    int to = mod(r + k, n);
     ctx.send(sends[k], to, a.channel, a.in + to * block, block);
-    ctx.recv_reduce(recvs[k], from, a.channel, a.out, a.out, block, a.reduce, a.elem_size);
   }
   for (int k = 1; k < n; ++k) {
+    ctx.recv_reduce(recvs[k], mod(r - k, n), a.channel, a.out, a.out, block, a.reduce,
+                    a.elem_size);
     CHORUS_CO_RETURN_IF_ERROR(co_await ctx.wait(recvs[k]));
-    CHORUS_CO_RETURN_IF_ERROR(co_await ctx.wait(sends[k]));
   }
+  for (int k = 1; k < n; ++k) CHORUS_CO_RETURN_IF_ERROR(co_await ctx.wait(sends[k]));
   co_return Status();
 }
 

@@ -27,6 +27,8 @@ HandleRegistry& handles() {
   return *registry;
 }
 
+// The enum fields are read with enum_bits: a caller's out-of-range value (say 7) must be
+// reported, and loading it as the enum type would be undefined behaviour.
 Result<compress::Settings> settings_from(const chorusCompressConfig_t* config) {
   compress::Settings s;
   if (config == nullptr) return s;
@@ -35,42 +37,42 @@ Result<compress::Settings> settings_from(const chorusCompressConfig_t* config) {
         "config->size is {}, expected sizeof(chorusCompressConfig_t) = {}: initialize the config "
         "with CHORUS_COMPRESS_CONFIG_INIT",
         config->size, sizeof(chorusCompressConfig_t));
-  switch (config->format) {
+  switch (enum_bits(config->format)) {
     case chorusFp8E4M3: s.format = DataType::kFloat8e4m3; break;
     case chorusFp8E5M2: s.format = DataType::kFloat8e5m2; break;
     default:
       return invalid_argument("config->format {} is not chorusFp8E4M3 or chorusFp8E5M2",
-                              static_cast<int>(config->format));
+                              enum_bits(config->format));
   }
   if (config->blockSize < 1 || config->blockSize > compress::kMaxBlock)
     return invalid_argument("config->blockSize {} is outside 1..{}", config->blockSize,
                             compress::kMaxBlock);
   s.block = config->blockSize;
-  switch (config->scaleKind) {
+  switch (enum_bits(config->scaleKind)) {
     case chorusScaleFloat32: s.scale = kernels::ScaleKind::kFloat32; break;
     case chorusScaleUe8m0: s.scale = kernels::ScaleKind::kUe8m0; break;
     default:
       return invalid_argument("config->scaleKind {} is not chorusScaleFloat32 or chorusScaleUe8m0",
-                              static_cast<int>(config->scaleKind));
+                              enum_bits(config->scaleKind));
   }
-  switch (config->rounding) {
+  switch (enum_bits(config->rounding)) {
     case chorusRoundNearestEven: s.rounding = kernels::Rounding::kNearestEven; break;
     case chorusRoundStochastic: s.rounding = kernels::Rounding::kStochastic; break;
     default:
       return invalid_argument(
           "config->rounding {} is not chorusRoundNearestEven or chorusRoundStochastic",
-          static_cast<int>(config->rounding));
+          enum_bits(config->rounding));
   }
   if (config->errorFeedback != 0 && config->errorFeedback != 1)
     return invalid_argument("config->errorFeedback is {}, expected 0 or 1", config->errorFeedback);
   s.error_feedback = config->errorFeedback == 1;
   s.seed = config->seed;
-  switch (config->policy) {
+  switch (enum_bits(config->policy)) {
     case chorusCompressAlways: s.policy = compress::Policy::kAlways; break;
     case chorusCompressAuto: s.policy = compress::Policy::kAuto; break;
     default:
       return invalid_argument("config->policy {} is not chorusCompressAlways or chorusCompressAuto",
-                              static_cast<int>(config->policy));
+                              enum_bits(config->policy));
   }
   return s;
 }

@@ -182,7 +182,8 @@ TEST_CASE("compressed calls reject what cannot be compressed", "[ranks][compress
   cfg.blockSize = 0;
   REQUIRE_ERROR(chorusCompressorCreate(&cfg, &comp), ncclInvalidArgument, "blockSize 0");
   cfg = CHORUS_COMPRESS_CONFIG_INIT;
-  cfg.format = static_cast<chorusCompressFormat_t>(7);
+  const int seven = 7;  // what a C caller may pass; not loaded as the enum type here
+  std::memcpy(&cfg.format, &seven, sizeof seven);
   REQUIRE_ERROR(chorusCompressorCreate(&cfg, &comp), ncclInvalidArgument, "format 7");
   cfg = CHORUS_COMPRESS_CONFIG_INIT;
   cfg.size = 8;
