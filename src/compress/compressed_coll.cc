@@ -259,6 +259,24 @@ void decode_shard(const Layout& L, const Codec& c, char* out, const char* result
                  results + L.coff(j) + L.piece_coff(q), L.piece_elems(j, q));
 }
 
+// The last exchange of AllReduce and AllGather: waits for every other rank's result pieces,
+// received from reqs[first] on in post_piece_recvs' order, and decodes each into `out`.
+Task decode_results(OpContext& ctx, const Layout& L, const Codec& c,
+                    RequestArray<RecvRequest>& reqs, size_t first, char* out,
+                    const char* results) {
+  const int n = ctx.nranks(), r = ctx.rank();
+  size_t i = first;
+  for (int k = 1; k < n; ++k) {
+    const int from = algo::mod(r - k, n);
+    for (int q = 0; q < L.pieces(from); ++q, ++i) {
+      CHORUS_CO_RETURN_IF_ERROR(co_await ctx.wait(reqs[i]));
+      c.decode_out(out + (L.off(from) + q * L.piece_elems()) * c.esz(),
+                   results + L.coff(from) + L.piece_coff(q), L.piece_elems(from, q));
+    }
+  }
+  co_return Status();
+}
+
 Task all_reduce(OpContext& ctx, CollCall call, const Codec& c) {
   const int n = ctx.nranks(), r = ctx.rank();
   const size_t esz = c.esz();
@@ -297,15 +315,7 @@ Task all_reduce(OpContext& ctx, CollCall call, const Codec& c) {
                                                      sends, sendbuf, recvbuf, finish_piece));
   // Every rank decodes the same bytes, this one its own shard's too.
   decode_shard(L, c, out, results, r);
-  size_t i = mine;
-  for (int k = 1; k < n; ++k) {
-    const int from = algo::mod(r - k, n);
-    for (int q = 0; q < L.pieces(from); ++q, ++i) {
-      CHORUS_CO_RETURN_IF_ERROR(co_await ctx.wait(recvs[i]));
-      c.decode_out(out + (L.off(from) + q * L.piece_elems()) * esz,
-                   results + L.coff(from) + L.piece_coff(q), L.piece_elems(from, q));
-    }
-  }
+  CHORUS_CO_RETURN_IF_ERROR(co_await decode_results(ctx, L, c, recvs, mine, out, results));
   for (size_t k = 0; k < others + mine; ++k) CHORUS_CO_RETURN_IF_ERROR(co_await ctx.wait(sends[k]));
   co_return Status();
 }
@@ -364,15 +374,7 @@ Task all_gather(OpContext& ctx, CollCall call, const Codec& c) {
   }
   // In place, `in` is this rank's block of `out`: read above, overwritten now.
   decode_shard(L, c, out, results, r);
-  size_t i = 0;
-  for (int k = 1; k < n; ++k) {
-    const int from = algo::mod(r - k, n);
-    for (int q = 0; q < L.pieces(from); ++q, ++i) {
-      CHORUS_CO_RETURN_IF_ERROR(co_await ctx.wait(recvs[i]));
-      c.decode_out(out + (L.off(from) + q * L.piece_elems()) * esz,
-                   results + L.coff(from) + L.piece_coff(q), L.piece_elems(from, q));
-    }
-  }
+  CHORUS_CO_RETURN_IF_ERROR(co_await decode_results(ctx, L, c, recvs, 0, out, results));
   for (size_t k = 0; k < others; ++k) CHORUS_CO_RETURN_IF_ERROR(co_await ctx.wait(sends[k]));
   co_return Status();
 }
