@@ -11,6 +11,7 @@
 
 #include "support/coll_check.h"
 #include "support/rank_group.h"
+#include "support/require_error.h"
 
 namespace chorus::test {
 namespace {
@@ -21,7 +22,6 @@ struct Solo {
   ncclComm_t comm() const { return group.comm(0); }
 };
 
-std::string last_error() { return ncclGetLastError(nullptr); }
 
 // A correct collective on every rank still works: the comm survived the bad call.
 void require_usable(RankGroup& g) {
@@ -31,13 +31,6 @@ void require_usable(RankGroup& g) {
   c.count = 1000;
   REQUIRE(g.run([&](int, ncclComm_t comm) { return run_case(comm, c); }) == "");
 }
-
-#define REQUIRE_ERROR(call, code, text)          \
-  do {                                           \
-    REQUIRE((call) == (code));                   \
-    INFO("last error: " << last_error());        \
-    REQUIRE(last_error().find(text) != std::string::npos); \
-  } while (0)
 
 TEST_CASE("a NULL comm is rejected", "[ranks][bad-input]") {
   float x = 0;

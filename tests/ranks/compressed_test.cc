@@ -16,19 +16,12 @@
 
 #include "support/compress_check.h"
 #include "support/rank_group.h"
+#include "support/require_error.h"
 #include "support/scoped_env.h"
 
 namespace chorus::test {
 namespace {
 
-std::string last_error() { return ncclGetLastError(nullptr); }
-
-#define REQUIRE_ERROR(call, code, text)                      \
-  do {                                                       \
-    REQUIRE((call) == (code));                               \
-    INFO("last error: " << last_error());                    \
-    REQUIRE(last_error().find(text) != std::string::npos);   \
-  } while (0)
 
 TEST_CASE("compressed collectives are within their error bound and identical on every rank",
           "[ranks][compress]") {

@@ -11,22 +11,15 @@
 
 #include "api/api_util.h"
 #include "support/rank_group.h"
+#include "support/require_error.h"
 
 namespace chorus::test {
 namespace {
 
-std::string last_error() { return ncclGetLastError(nullptr); }
 
 std::string err(ncclResult_t r, const char* what) {
   return r == ncclSuccess ? "" : std::string(what) + ": " + last_error();
 }
-
-#define REQUIRE_ERROR(call, code, text)                      \
-  do {                                                       \
-    REQUIRE((call) == (code));                               \
-    INFO("last error: " << last_error());                    \
-    REQUIRE(last_error().find(text) != std::string::npos);   \
-  } while (0)
 
 // AllReduce (sum) then AllGather of `count` floats from send into recv (count * nranks).
 std::string reduce_and_gather(int r, int n, ncclComm_t comm, float* send, float* recv,
