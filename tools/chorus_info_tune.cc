@@ -36,7 +36,7 @@ void print_choices(const algo::CostModel& model, int nranks) {
   for (size_t bytes = 8; bytes <= (size_t{128} << 20); bytes *= 8) {
     fmt::print("    {:<14}", bytes);
     for (CollKind c : kColls) {
-      algo::Choice ch = algo::choose(model, c, bytes, nranks, 1);
+      algo::Choice ch = algo::choose(model, c, bytes, algo::Shape::flat(nranks), 1);
       fmt::print(" {:>13}", algo::algo_name(ch.algo));
     }
     fmt::print("\n");

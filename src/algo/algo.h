@@ -41,6 +41,13 @@ Task all_reduce_rhd(OpContext& ctx, Args a);         // Rabenseifner: halving + 
 Task all_reduce_oneshot(OpContext& ctx, Args a);     // everyone sends everything to everyone
 Task all_reduce_twoshot(OpContext& ctx, Args a);     // direct reduce-scatter + all-gather
 Task all_reduce_tree(OpContext& ctx, Args a);        // binomial reduce + binomial broadcast
+Task all_reduce_hier(OpContext& ctx, Args a);        // within hosts, across hosts, within hosts
+// The halves of the two-shot AllReduce, over a.count elements cut in nranks blocks
+// (block_offset): block r of a.out becomes the fold of every rank's block r of a.in (the
+// other blocks of a.out are not touched: no copy of the input is needed); then every rank's
+// block b of a.out is rank b's block b.
+Task direct_reduce_scatter_blocks(OpContext& ctx, Args a);
+Task direct_all_gather_blocks(OpContext& ctx, Args a);
 // ReduceScatter
 Task reduce_scatter_ring(OpContext& ctx, Args a);
 Task reduce_scatter_rhd(OpContext& ctx, Args a);     // recursive halving (power of two)
@@ -73,20 +80,24 @@ inline size_t block_offset(size_t count, int parts, int i) {
 }
 inline int mod(int a, int n) { return ((a % n) + n) % n; }
 
-// The communicator's ring (Comm::ring(): each host's ranks adjacent) seen from this rank.
+// The communicator's ring (Comm::ring(): each host's ranks adjacent) seen from this rank; in a
+// group view (a stage of a hierarchical algorithm), the group's rank order.
 class RingView {
  public:
   explicit RingView(const OpContext& ctx);
   int pos() const { return pos_; }
   int pos_of(int rank) const;
   // The rank `offset` positions after this one (before it when negative).
-  int at(int offset) const { return order_[mod(pos_ + offset, n_)]; }
+  int at(int offset) const {
+    const int p = mod(pos_ + offset, n_);
+    return order_ != nullptr ? (*order_)[p] : p;
+  }
   int next() const { return at(1); }
   int prev() const { return at(-1); }
 
  private:
   const Comm& comm_;
-  const std::vector<int>& order_;
+  const std::vector<int>* order_;  // null: rank order (a group view)
   int pos_, n_;
 };
 

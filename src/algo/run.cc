@@ -38,11 +38,11 @@ size_t send_elements(const CollCall& c, int nranks) {
 
 RingView::RingView(const OpContext& ctx)
     : comm_(ctx.comm()),
-      order_(ctx.comm().ring()),
-      pos_(ctx.comm().ring_pos(ctx.rank())),
+      order_(ctx.is_group() ? nullptr : &ctx.comm().ring()),
+      pos_(ctx.is_group() ? ctx.rank() : ctx.comm().ring_pos(ctx.rank())),
       n_(ctx.nranks()) {}
 
-int RingView::pos_of(int rank) const { return comm_.ring_pos(rank); }
+int RingView::pos_of(int rank) const { return order_ != nullptr ? comm_.ring_pos(rank) : rank; }
 
 void copy_if_needed(void* dst, const void* src, size_t bytes) {
   if (bytes > 0 && dst != src) std::memcpy(dst, src, bytes);
@@ -65,6 +65,7 @@ AlgoFn algorithm(CollKind coll, Algo algo) {
         case Algo::kOneShot: return all_reduce_oneshot;
         case Algo::kTwoShot: return all_reduce_twoshot;
         case Algo::kTree: return all_reduce_tree;
+        case Algo::kHierarchical: return all_reduce_hier;
         default: return all_reduce_ring;
       }
     case CollKind::kReduceScatter:
@@ -121,7 +122,8 @@ compress::Compressor* compressor_for(OpContext& ctx, const CollCall& call,
     c = keep->get();
   }
   if (c->settings().policy == compress::Policy::kAuto &&
-      !compress::pays(ctx.comm().cost_model(), call.kind, bytes, n, call.dtype, c->settings()))
+      !compress::pays(ctx.comm().cost_model(), call.kind, bytes, ctx.comm().shape(), call.dtype,
+                      c->settings()))
     return nullptr;
   return c;
 }

@@ -25,7 +25,7 @@ constexpr AlgoName kNames[] = {
     {Algo::kRing, "ring"},         {Algo::kRecursiveDoubling, "rd"}, {Algo::kHalvingDoubling, "rhd"},
     {Algo::kOneShot, "oneshot"},   {Algo::kTwoShot, "twoshot"},      {Algo::kTree, "tree"},
     {Algo::kChain, "chain"},       {Algo::kDirect, "direct"},        {Algo::kBruck, "bruck"},
-    {Algo::kPairwise, "pairwise"},
+    {Algo::kPairwise, "pairwise"}, {Algo::kHierarchical, "hier"},
 };
 
 std::string lower(std::string_view s) {
@@ -79,7 +79,7 @@ std::optional<Algo> forced_algo(CollKind coll) {
       if (!algo || (colon != std::string_view::npos && !c)) {
         CHORUS_WARN(kColl, "CHORUS_ALGO: ignoring '{}' (collectives: allreduce, reducescatter, "
                     "allgather, broadcast, reduce, alltoall; algorithms: ring, rd, rhd, oneshot, "
-                    "twoshot, tree, chain, direct, bruck, pairwise)", item);
+                    "twoshot, tree, chain, direct, bruck, pairwise, hier)", item);
         continue;
       }
       parsed.entries.emplace_back(c, *algo);
@@ -107,13 +107,15 @@ std::optional<Algo> parse_algo(std::string_view name) {
     if (n == entry.name) return entry.algo;
   if (n == "rabenseifner" || n == "halvingdoubling") return Algo::kHalvingDoubling;
   if (n == "recursivedoubling") return Algo::kRecursiveDoubling;
+  if (n == "hierarchical") return Algo::kHierarchical;
   return std::nullopt;
 }
 
 const std::vector<Algo>& algorithms_for(CollKind coll) {
   static const std::vector<Algo> kAllReduce = {Algo::kRing, Algo::kRecursiveDoubling,
                                                Algo::kHalvingDoubling, Algo::kOneShot,
-                                               Algo::kTwoShot, Algo::kTree};
+                                               Algo::kTwoShot, Algo::kTree,
+                                               Algo::kHierarchical};
   static const std::vector<Algo> kReduceScatter = {Algo::kRing, Algo::kHalvingDoubling, Algo::kDirect};
   static const std::vector<Algo> kAllGather = {Algo::kRing, Algo::kBruck, Algo::kDirect};
   static const std::vector<Algo> kRooted = {Algo::kChain, Algo::kTree};
@@ -131,14 +133,64 @@ const std::vector<Algo>& algorithms_for(CollKind coll) {
 }
 
 std::string CostModel::to_string() const {
-  return fmt::format("alpha {:.2f} us, beta {:.2f} GB/s, gamma {:.2f} GB/s, codec {:.2f} GB/s ({})",
-                     alpha_us, beta_gbps, gamma_gbps, codec_gbps, source);
+  return fmt::format("alpha {:.2f} us, beta {:.2f} GB/s, gamma {:.2f} GB/s, codec {:.2f} GB/s, "
+                     "within a host alpha {:.2f} us, beta {:.2f} GB/s ({})",
+                     alpha_us, beta_gbps, gamma_gbps, codec_gbps, intra_alpha_us,
+                     intra_beta_gbps, source);
 }
 
-double predict_us(const CostModel& m, Algo algo, CollKind coll, size_t bytes, int n) {
+double host_link_share(const Shape& shape) {
+  const int n = shape.nranks;
+  if (shape.hosts < 2 || n < 2) return 1;
+  const double local = shape.local > 0 ? shape.local : static_cast<double>(n) / shape.hosts;
+  return std::max(1.0, local * (n - local) / (n - 1.0));
+}
+
+Algo across_hosts_algo(const CostModel& m, size_t bytes, const Shape& shape) {
+  // local ranks per host run one AllReduce each, side by side over the host's link.
+  CostModel across = m;
+  across.beta_gbps = m.beta_gbps / std::max(shape.local, 1);
+  const size_t part = bytes / std::max(shape.local, 1);
+  Algo best = Algo::kRing;
+  for (Algo a : {Algo::kTwoShot, Algo::kHalvingDoubling, Algo::kRecursiveDoubling}) {
+    if (predict_us(across, a, CollKind::kAllReduce, part, Shape::flat(shape.hosts)) <
+        predict_us(across, best, CollKind::kAllReduce, part, Shape::flat(shape.hosts)))
+      best = a;
+  }
+  return best;
+}
+
+namespace {
+
+// The hierarchical AllReduce: a direct reduce-scatter among each host's ranks, an AllReduce of
+// each rank's block among the ranks of its local index (one per host), a direct all-gather.
+double predict_hier_us(const CostModel& m, CollKind coll, size_t bytes, const Shape& shape) {
+  if (coll != CollKind::kAllReduce || shape.hosts < 2 || shape.local < 2) return 1e30;
+  CostModel local = m;
+  local.alpha_us = m.intra_alpha_us;
+  local.beta_gbps = m.intra_beta_gbps;
+  const Shape host = Shape::flat(shape.local);
+  CostModel across = m;
+  across.beta_gbps = m.beta_gbps / shape.local;
+  return predict_us(local, Algo::kDirect, CollKind::kReduceScatter, bytes, host) +
+         predict_us(across, across_hosts_algo(m, bytes, shape), CollKind::kAllReduce,
+                    bytes / shape.local, Shape::flat(shape.hosts)) +
+         predict_us(local, Algo::kDirect, CollKind::kAllGather, bytes, host);
+}
+
+}  // namespace
+
+double predict_us(const CostModel& m, Algo algo, CollKind coll, size_t bytes, const Shape& shape) {
+  const int n = shape.nranks;
   if (n <= 1) return 0;
+  if (algo == Algo::kHierarchical) return predict_hier_us(m, coll, bytes, shape);
   const double a = m.alpha_us, S = static_cast<double>(bytes);
-  const double wire = m.beta_gbps * 1e3, fold = m.gamma_gbps * 1e3;  // bytes per us
+  // Across hosts, an algorithm that talks to every peer has the host's ranks share its link:
+  // each sends (n - local) / n of its traffic off the host, local of them side by side, where
+  // the model's per-rank figure assumes (n - 1) / n over a link of its own. The rings (each
+  // host's ranks adjacent) cross each link once each way.
+  const double share = algo != Algo::kRing && algo != Algo::kChain ? host_link_share(shape) : 1;
+  const double wire = m.beta_gbps * 1e3 / share, fold = m.gamma_gbps * 1e3;  // bytes per us
   const double L = log2_ceil(n), part = (n - 1.0) / n;
   const bool pow2 = (n & (n - 1)) == 0;
   const double fold_extra = pow2 ? 0 : 2 * (a + S / wire);  // PowerOfTwoFold's extra steps
@@ -160,7 +212,7 @@ double predict_us(const CostModel& m, Algo algo, CollKind coll, size_t bytes, in
         case Algo::kRing: return (n - 1) * a + part * S / wire + part * S / fold;
         case Algo::kHalvingDoubling:
           return pow2 ? L * a + part * S / wire + part * S / fold
-                      : predict_us(m, Algo::kRing, coll, bytes, n);
+                      : predict_us(m, Algo::kRing, coll, bytes, shape);
         case Algo::kDirect: return a + (n - 2) * a / 4 + part * S / wire + part * S / fold;
         default: break;
       }
@@ -192,15 +244,18 @@ double predict_us(const CostModel& m, Algo algo, CollKind coll, size_t bytes, in
   return 1e30;  // not an algorithm of this collective
 }
 
-Choice choose(const CostModel& model, CollKind coll, size_t bytes, int n, int max_channels) {
+Choice choose(const CostModel& model, CollKind coll, size_t bytes, const Shape& shape,
+              int max_channels) {
   Choice choice;
   if (auto forced = forced_algo(coll)) {
     choice.algo = *forced;
+    if (choice.algo == Algo::kHierarchical && (shape.hosts < 2 || shape.local < 2))
+      choice.algo = Algo::kRing;
   } else {
     double best = 0;
     bool first = true;
     for (Algo algo : algorithms_for(coll)) {
-      double t = predict_us(model, algo, coll, bytes, n);
+      double t = predict_us(model, algo, coll, bytes, shape);
       if (first || t < best) {
         best = t;
         choice.algo = algo;

@@ -43,6 +43,7 @@ enum class Algo : uint8_t {
   kDirect,    // straight to / from every peer
   kBruck,
   kPairwise,
+  kHierarchical,  // "hier": within each host, across hosts, within each host again
 };
 const char* algo_name(Algo algo);
 std::optional<Algo> parse_algo(std::string_view name);
@@ -55,19 +56,48 @@ struct CostModel {
   double gamma_gbps = 4.0;
   std::string source = "default";
   double codec_gbps = 2.0;
+  // The link between two ranks of one host (the hierarchical algorithms' local stages); the
+  // same as alpha/beta on one host. From the tuner file, else the transport's declared cost.
+  double intra_alpha_us = 1.0;
+  double intra_beta_gbps = 8.0;
   std::string to_string() const;
 };
 
-// Predicted microseconds for `coll` with `algo` on n ranks; `bytes` is the size of one rank's
+// The communicator as the cost model sees it: n ranks on `hosts` hosts, `local` ranks on each
+// (0: hosts differ). The ring algorithms follow a ring that keeps each host's ranks together
+// (Comm::ring()), so their traffic crosses each host's link once each way; the others spread
+// theirs over every peer, and a host's ranks share its link.
+struct Shape {
+  int nranks = 1;
+  int hosts = 1;
+  int local = 1;
+  static Shape flat(int n) { return Shape{n, 1, n}; }
+};
+
+// How many times slower than one rank's own link an algorithm that spreads its traffic over
+// every peer finds the network on `shape`: a host's ranks send (n - local) / n of their bytes
+// off the host, side by side over its link, where the per-rank model assumes (n - 1) / n over a
+// link of their own. 1 on one host.
+double host_link_share(const Shape& shape);
+
+// Predicted microseconds for `coll` with `algo` on `shape`; `bytes` is the size of one rank's
 // whole buffer (for ReduceScatter/AllGather/AlltoAll/Gather/Scatter: all n blocks).
-double predict_us(const CostModel& model, Algo algo, CollKind coll, size_t bytes, int n);
+double predict_us(const CostModel& model, Algo algo, CollKind coll, size_t bytes,
+                  const Shape& shape);
+
+// The AllReduce a hierarchical AllReduce runs across hosts (among the ranks of one local
+// index) for a call of `bytes`.
+Algo across_hosts_algo(const CostModel& model, size_t bytes, const Shape& shape);
 
 struct Choice {
   Algo algo = Algo::kRing;
   int channels = 1;
 };
 // The algorithm for one call: forced by CHORUS_ALGO, or the model's cheapest. `bytes` as above.
-Choice choose(const CostModel& model, CollKind coll, size_t bytes, int n, int max_channels);
+// The hierarchical algorithms need several hosts with as many ranks each (shape.local > 1);
+// forced elsewhere, the ring is used.
+Choice choose(const CostModel& model, CollKind coll, size_t bytes, const Shape& shape,
+              int max_channels);
 
 // Measures (or loads) the model of `comm` and agrees on it with every rank. Collective.
 Result<CostModel> calibrate(Comm& comm);
@@ -80,7 +110,9 @@ double local_copy_gbps();
 double local_codec_gbps();
 
 // Reads a tuner file: lines "<transport> <alpha_us> <beta_gbps>" (transport: direct, shm, tcp)
-// "reduce <gamma_gbps>" and "codec <codec_gbps>"; '#' starts a comment.
+// "reduce <gamma_gbps>" and "codec <codec_gbps>"; '#' starts a comment. The line of the
+// communicator's slowest transport gives alpha/beta, that of its transport within a host (when
+// it spans hosts) intra_alpha/intra_beta.
 struct TunerFile {
   struct Link {
     std::string transport;

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cstring>
 #include <fstream>
+#include <optional>
 #include <sstream>
 #include <vector>
 
@@ -175,15 +176,26 @@ Result<CostModel> calibrate(Comm& comm) {
       worst_peer = p;
     }
   }
+  // And its most expensive transport to a rank of its host, when the communicator spans hosts
+  // (the hierarchical algorithms' local stages).
+  const TransportDesc* local = nullptr;
+  if (comm.hosts().size() > 1) {
+    for (int p : comm.hosts()[comm.host_of(comm.rank())]) {
+      const TransportDesc* d = comm.transport_to(p);
+      if (p != comm.rank() && d != nullptr && (local == nullptr || cost(d) > cost(local))) local = d;
+    }
+  }
   ByteWriter w;
   w.put_string(worst ? worst->name : "");
   w.put<int32_t>(worst_peer);
   w.put<double>(local_reduce_gbps());
   w.put<double>(local_codec_gbps());
+  w.put_string(local ? local->name : "");
   std::vector<int> all(comm.nranks());
   for (int r = 0; r < comm.nranks(); ++r) all[r] = r;
   CHORUS_ASSIGN_OR_RETURN(auto records, allgather_records(comm, all, w.take()));
   const TransportDesc* slowest = nullptr;
+  const TransportDesc* intra = nullptr;
   std::string slowest_name;
   int a = -1, b = -1;
   model.gamma_gbps = 1e9;
@@ -197,6 +209,14 @@ Result<CostModel> calibrate(Comm& comm) {
     CHORUS_RETURN_IF_ERROR(rd.get(&peer));
     CHORUS_RETURN_IF_ERROR(rd.get(&gamma));
     CHORUS_RETURN_IF_ERROR(rd.get(&codec));
+    std::string intra_name;
+    CHORUS_RETURN_IF_ERROR(rd.get_string(&intra_name, 64));
+    if (!intra_name.empty()) {
+      const TransportDesc* d = find_transport(intra_name);
+      if (d == nullptr)
+        return remote_error("rank {} reports an unknown transport '{}'", r, intra_name);
+      if (intra == nullptr || cost(d) > cost(intra)) intra = d;
+    }
     model.gamma_gbps = std::min(model.gamma_gbps, gamma);
     model.codec_gbps = std::min(model.codec_gbps, codec);
     const TransportDesc* d = find_transport(name);
@@ -210,23 +230,44 @@ Result<CostModel> calibrate(Comm& comm) {
   }
   // A tuner file, if given, supplies the link figures (every rank must be given the same).
   const std::string& path = params::kTunerFile.get();
+  std::optional<TunerFile> file;
   if (!path.empty()) {
-    CHORUS_ASSIGN_OR_RETURN(TunerFile file, read_tuner_file(path));
-    for (const auto& link : file.links) {
+    CHORUS_ASSIGN_OR_RETURN(file, read_tuner_file(path));
+  }
+  // The link within a host: its tuner-file line, else its transport's declared cost; on one
+  // host, the model's own alpha/beta (set_intra below).
+  if (intra != nullptr) {
+    model.intra_alpha_us = intra->cost.alpha_us;
+    model.intra_beta_gbps = intra->cost.beta_gbps;
+    for (const auto& link : file ? file->links : std::vector<TunerFile::Link>{}) {
+      if (link.transport != intra->name) continue;
+      model.intra_alpha_us = link.alpha_us;
+      model.intra_beta_gbps = link.beta_gbps;
+    }
+  }
+  auto done = [&] {
+    if (intra == nullptr) {
+      model.intra_alpha_us = model.alpha_us;
+      model.intra_beta_gbps = model.beta_gbps;
+    }
+    return model;
+  };
+  if (file) {
+    for (const auto& link : file->links) {
       if (link.transport != slowest_name) continue;
       model.alpha_us = link.alpha_us;
       model.beta_gbps = link.beta_gbps;
-      if (file.gamma_gbps > 0) model.gamma_gbps = file.gamma_gbps;
-      if (file.codec_gbps > 0) model.codec_gbps = file.codec_gbps;
+      if (file->gamma_gbps > 0) model.gamma_gbps = file->gamma_gbps;
+      if (file->codec_gbps > 0) model.codec_gbps = file->codec_gbps;
       model.source = "file " + path;
-      return model;
+      return done();
     }
     CHORUS_WARN(kColl, "CHORUS_TUNER_FILE {} has no line for {}; measuring instead", path,
                 slowest_name);
   }
   if (params::kTuner.get() == "STATIC") {
     model.source = "default (CHORUS_TUNER=STATIC)";
-    return model;
+    return done();
   }
   CHORUS_ASSIGN_OR_RETURN(Measured m, measure_link(comm, a, b));
   // Everyone adopts what rank a measured.
@@ -240,7 +281,7 @@ Result<CostModel> calibrate(Comm& comm) {
   CHORUS_RETURN_IF_ERROR(rd.get(&model.alpha_us));
   CHORUS_RETURN_IF_ERROR(rd.get(&model.beta_gbps));
   model.source = fmt::format("measured over {} between ranks {} and {}", slowest_name, a, b);
-  return model;
+  return done();
 }
 
 }  // namespace chorus::algo

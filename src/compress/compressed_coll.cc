@@ -417,11 +417,14 @@ double wire_ratio(const Settings& s, DataType dtype) {
   return (1.0 + scale / s.block) / static_cast<double>(datatype_size(dtype));
 }
 
-double predict_us(const algo::CostModel& m, CollKind coll, size_t bytes, int n, DataType dtype,
-                  const Settings& s) {
+double predict_us(const algo::CostModel& m, CollKind coll, size_t bytes, const algo::Shape& shape,
+                  DataType dtype, const Settings& s) {
+  const int n = shape.nranks;
   if (n <= 1) return 0;
   const double S = static_cast<double>(bytes), a = m.alpha_us;
-  const double wire = m.beta_gbps * 1e3, codec = m.codec_gbps * 1e3;  // bytes per us
+  // A direct exchange: across hosts, a host's ranks share its link (tuner.h).
+  const double wire = m.beta_gbps * 1e3 / algo::host_link_share(shape);  // bytes per us
+  const double codec = m.codec_gbps * 1e3;
   const double part = static_cast<double>(n - 1) / n;
   // Codec passes over the data, in fp32 bytes (the codec's speed is measured on fp32 input).
   const double f32 = S * 4.0 / static_cast<double>(datatype_size(dtype));
@@ -438,16 +441,16 @@ double predict_us(const algo::CostModel& m, CollKind coll, size_t bytes, int n, 
   }
 }
 
-bool pays(const algo::CostModel& m, CollKind coll, size_t bytes, int n, DataType dtype,
-          const Settings& s) {
-  if (n <= 1) return false;
+bool pays(const algo::CostModel& m, CollKind coll, size_t bytes, const algo::Shape& shape,
+          DataType dtype, const Settings& s) {
+  if (shape.nranks <= 1) return false;
   double plain = 1e30;
   for (algo::Algo a : algo::algorithms_for(coll))
-    plain = std::min(plain, algo::predict_us(m, a, coll, bytes, n));
+    plain = std::min(plain, algo::predict_us(m, a, coll, bytes, shape));
   // Compression changes the result: only where it is clearly faster (the model's error is
   // larger than the margin between the two on links as fast as the codec).
   constexpr double kMargin = 1.25;
-  return predict_us(m, coll, bytes, n, dtype, s) * kMargin < plain;
+  return predict_us(m, coll, bytes, shape, dtype, s) * kMargin < plain;
 }
 
 }  // namespace chorus::compress

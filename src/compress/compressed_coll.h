@@ -31,13 +31,13 @@ Task run(OpContext& ctx, const CollCall& call, Compressor& compressor);
 // scales).
 double wire_ratio(const Settings& s, DataType dtype);
 // Predicted microseconds of the compressed `coll` of `bytes` (one rank's whole buffer, as
-// algo::predict_us) on n ranks: two exchanges' latency, the compressed bytes over the link and
+// algo::predict_us) on `shape`: two exchanges' latency, the compressed bytes over the link and
 // the codec passes at the model's codec speed (not overlapped: a pessimistic estimate).
-double predict_us(const algo::CostModel& m, CollKind coll, size_t bytes, int n, DataType dtype,
-                  const Settings& s);
+double predict_us(const algo::CostModel& m, CollKind coll, size_t bytes, const algo::Shape& shape,
+                  DataType dtype, const Settings& s);
 // Whether compressing pays: predict_us, with a 25 % margin, below the tuner's best
 // uncompressed algorithm.
-bool pays(const algo::CostModel& m, CollKind coll, size_t bytes, int n, DataType dtype,
-          const Settings& s);
+bool pays(const algo::CostModel& m, CollKind coll, size_t bytes, const algo::Shape& shape,
+          DataType dtype, const Settings& s);
 
 }  // namespace chorus::compress

@@ -274,7 +274,7 @@ algo::Choice Comm::choose(CollKind coll, size_t bytes) {
   ChoiceSlot& slot =
       choices_[((static_cast<size_t>(coll) * 31 + bytes) * 0x9E3779B97F4A7C15ull) >> 58];
   if (slot.generation != generation || slot.coll != coll || slot.bytes != bytes) {
-    slot = ChoiceSlot{generation, coll, bytes, algo::choose(model_, coll, bytes, nranks(), channels_)};
+    slot = ChoiceSlot{generation, coll, bytes, algo::choose(model_, coll, bytes, shape(), channels_)};
   }
   return slot.choice;
 }

@@ -114,6 +114,17 @@ class Comm : public std::enable_shared_from_this<Comm> {
   // ring is rank order (RANK). The same on every rank.
   const std::vector<int>& ring() const { return ring_; }
   int ring_pos(int rank) const { return ring_pos_[rank]; }
+  // The hosts (peers with one host_hash): hosts()[h] lists host h's ranks in rank order, hosts
+  // in the order of their lowest rank; rank r is the local_index(r)-th rank of host_of(r).
+  const std::vector<std::vector<int>>& hosts() const { return hosts_; }
+  int host_of(int rank) const { return host_of_[rank]; }
+  int local_index(int rank) const { return local_index_[rank]; }
+  // Ranks per host when every host has as many, else 0.
+  int ranks_per_host() const { return ranks_per_host_; }
+  // The shape the tuner plans for: ranks, hosts, ranks per host.
+  algo::Shape shape() const {
+    return algo::Shape{nranks(), static_cast<int>(hosts_.size()), ranks_per_host_};
+  }
   // The cost model the tuner chooses algorithms with (agreed by every rank at setup).
   const algo::CostModel& cost_model() const { return model_; }
   // The tuner's choice for a call, memoised (drive lock held: called from operations).
@@ -220,7 +231,7 @@ class Comm : public std::enable_shared_from_this<Comm> {
   // Opens every registered transport (those that fail to open are left out of PeerInfo).
   void open_transports(PeerInfo* me);
   Status connect_transports(const std::vector<PeerInfo>& infos);
-  void set_ring_order();  // from peers_
+  void set_host_layout();  // hosts and ring order, from peers_
 
   CommIdentity id_;
   algo::CostModel model_;
@@ -228,6 +239,9 @@ class Comm : public std::enable_shared_from_this<Comm> {
   int cu_device_ = -1;
   std::vector<PeerInfo> peers_;
   std::vector<int> ring_, ring_pos_;
+  std::vector<std::vector<int>> hosts_;
+  std::vector<int> host_of_, local_index_;
+  int ranks_per_host_ = 1;
   std::vector<const TransportDesc*> transport_;                  // [peer]
   std::vector<std::vector<std::unique_ptr<Connection>>> conns_;  // [peer][channel]
   std::vector<std::unique_ptr<PeerLink>> links_;                 // [peer], over conns_[peer]

@@ -217,7 +217,7 @@ Status Comm::setup(const ExchangeFn& exchange) {
     infos.push_back(std::move(info));
   }
   peers_ = infos;
-  set_ring_order();
+  set_host_layout();
   int on_host = 0;
   for (const PeerInfo& info : infos) on_host += info.host_hash == me.host_hash ? 1 : 0;
   process.note_local_ranks(on_host);
@@ -236,10 +236,17 @@ Status Comm::setup(const ExchangeFn& exchange) {
       for (const TransportDesc* d : transport_) n += d == t.desc ? 1 : 0;
       used += fmt::format("{}{} {}", used.empty() ? "" : ", ", t.desc->name, n);
     }
-    std::string ring;
+    std::string ring, hosts;
     for (int r : ring_) ring += fmt::format("{}{}", ring.empty() ? "" : " ", r);
-    CHORUS_INFO(kInit, "{} ready on {}: peers over {}; {} channel(s); cost model {}; ring {}",
-                describe(), me.hostname, used, channels_, model_.to_string(), ring);
+    for (const auto& host : hosts_) {
+      hosts += fmt::format("{}{} ({}", hosts.empty() ? "" : ", ", peers_[host.front()].hostname,
+                           host.front());
+      for (size_t i = 1; i < host.size(); ++i) hosts += fmt::format(" {}", host[i]);
+      hosts += ")";
+    }
+    CHORUS_INFO(kInit, "{} ready on {}: peers over {}; {} channel(s); cost model {}; {} host(s): "
+                "{}; ring {}", describe(), me.hostname, used, channels_, model_.to_string(),
+                hosts_.size(), hosts, ring);
   }
   return Status();
 }
@@ -349,24 +356,33 @@ Status Comm::connect_transports(const std::vector<PeerInfo>& infos) {
 
 namespace chorus {
 
-void Comm::set_ring_order() {
+void Comm::set_host_layout() {
   const int n = nranks();
+  hosts_.clear();
+  host_of_.assign(n, -1);
+  local_index_.assign(n, 0);
+  for (int r = 0; r < n; ++r) {
+    if (host_of_[r] >= 0) continue;
+    const int h = static_cast<int>(hosts_.size());
+    hosts_.emplace_back();
+    for (int q = r; q < n; ++q) {
+      if (host_of_[q] < 0 && peers_[q].host_hash == peers_[r].host_hash) {
+        host_of_[q] = h;
+        local_index_[q] = static_cast<int>(hosts_[h].size());
+        hosts_[h].push_back(q);
+      }
+    }
+  }
+  ranks_per_host_ = static_cast<int>(hosts_.front().size());
+  for (const auto& host : hosts_)
+    if (static_cast<int>(host.size()) != ranks_per_host_) ranks_per_host_ = 0;
+  // The ring: hosts in order, each host's ranks together, so that it crosses between hosts once
+  // per host, not once per rank (CHORUS_RING=HOST); or rank order (RANK).
   ring_.clear();
   if (params::kRing.get() == "RANK") {
     for (int r = 0; r < n; ++r) ring_.push_back(r);
   } else {
-    // Hosts in the order of their lowest rank, each host's ranks together in rank order: the
-    // ring crosses between hosts once per host, not once per rank.
-    std::vector<bool> placed(n, false);
-    for (int r = 0; r < n; ++r) {
-      if (placed[r]) continue;
-      for (int q = r; q < n; ++q) {
-        if (!placed[q] && peers_[q].host_hash == peers_[r].host_hash) {
-          placed[q] = true;
-          ring_.push_back(q);
-        }
-      }
-    }
+    for (const auto& host : hosts_) ring_.insert(ring_.end(), host.begin(), host.end());
   }
   ring_pos_.assign(n, 0);
   for (int p = 0; p < n; ++p) ring_pos_[ring_[p]] = p;

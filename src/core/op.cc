@@ -75,11 +75,27 @@ void Op::complete(Status status) {
 
 OpContext::OpContext(Comm& comm, const MsgTag& tag, Op* op)
     : comm_(comm),
+      root_(this),
       pinned_(op != nullptr && !op->pins.empty() ? op : nullptr),
       rank_(comm.rank()),
       nranks_(comm.nranks()),
       channels_(comm.channels()),
       tag_(tag) {}
+
+OpContext::OpContext(OpContext& parent, std::vector<int> members)
+    : comm_(parent.comm_),
+      root_(parent.root_),
+      pinned_(parent.pinned_),
+      rank_(-1),
+      nranks_(static_cast<int>(members.size())),
+      channels_(parent.channels_),
+      tag_(parent.tag_) {
+  for (int& m : members) {
+    m = parent.comm_rank(m);
+    if (m == comm_.rank()) rank_ = static_cast<int>(&m - members.data());
+  }
+  members_ = std::move(members);
+}
 
 void OpContext::post(Request& req, int peer, size_t bytes, const MsgTag& tag) {
   req.peer = peer;
@@ -121,33 +137,37 @@ void OpContext::name_message(Request& req, int peer, int channel, bool send) {
     req.tag.set_message(static_cast<uint32_t>(channel), 0);
     return;
   }
-  if (ordinals_.empty()) ordinals_.assign(static_cast<size_t>(2 * nranks_ * channels_), 0);
-  uint8_t& ordinal = ordinals_[2 * (static_cast<size_t>(peer) * channels_ + channel) + (send ? 1 : 0)];
+  std::vector<uint8_t>& ordinals = root_->ordinals_;
+  if (ordinals.empty()) ordinals.assign(static_cast<size_t>(2 * comm_.nranks() * channels_), 0);
+  uint8_t& ordinal = ordinals[2 * (static_cast<size_t>(peer) * channels_ + channel) + (send ? 1 : 0)];
   req.tag.set_message(static_cast<uint32_t>(channel), ordinal++);
 }
 
 void OpContext::send(SendRequest& req, int peer, int channel, const void* buf, size_t bytes) {
-  send_tagged(req, peer, channel, buf, bytes, tag_);
+  send(req, peer, channel, buf, bytes, bytes);
 }
 
 void OpContext::recv(RecvRequest& req, int peer, int channel, void* dst, size_t bytes) {
-  recv_tagged(req, peer, channel, dst, bytes, tag_);
+  recv(req, peer, channel, dst, bytes, bytes);
 }
 
 void OpContext::send(SendRequest& req, int peer, int channel, const void* buf, size_t bytes,
                      size_t data_bytes) {
+  peer = comm_rank(peer);
   post_send(req, peer, channel, buf, bytes, tag_);
   comm_.count_bytes(peer, true, bytes, data_bytes);
 }
 
 void OpContext::recv(RecvRequest& req, int peer, int channel, void* dst, size_t bytes,
                      size_t data_bytes) {
+  peer = comm_rank(peer);
   post_recv(req, peer, channel, dst, bytes, tag_);
   comm_.count_bytes(peer, false, bytes, data_bytes);
 }
 
 void OpContext::send_tagged(SendRequest& req, int peer, int channel, const void* buf,
                             size_t bytes, const MsgTag& tag) {
+  peer = comm_rank(peer);
   post_send(req, peer, channel, buf, bytes, tag);
   comm_.count_bytes(peer, true, bytes, bytes);
 }
@@ -175,6 +195,7 @@ void OpContext::post_send(SendRequest& req, int peer, int channel, const void* b
 
 void OpContext::recv_tagged(RecvRequest& req, int peer, int channel, void* dst, size_t bytes,
                             const MsgTag& tag) {
+  peer = comm_rank(peer);
   post_recv(req, peer, channel, dst, bytes, tag);
   comm_.count_bytes(peer, false, bytes, bytes);
 }
@@ -193,6 +214,7 @@ void OpContext::post_recv(RecvRequest& req, int peer, int channel, void* dst, si
 
 void OpContext::recv_reduce(RecvRequest& req, int peer, int channel, void* dst, const void* src,
                             size_t bytes, kernels::ReduceFn fn, size_t elem_size) {
+  peer = comm_rank(peer);
   post(req, peer, bytes, tag_);
   comm_.count_bytes(peer, false, bytes, bytes);
   name_message(req, peer, channel, false);

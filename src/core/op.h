@@ -165,10 +165,22 @@ class OpContext {
   // `op`: the operation run (null: none), whose registered buffers (Op::pins) give posted
   // requests their memfd (sends) and their transport's key (Request::key).
   OpContext(Comm& comm, const MsgTag& tag, Op* op = nullptr);
+  // A view of `parent` restricted to some of the communicator's ranks, for one stage of a
+  // hierarchical algorithm (the ranks of a host, or one rank per host): rank(), nranks() and
+  // every `peer` argument are indices into `members` (communicator ranks, this rank among
+  // them), so any algorithm runs on the group unchanged. Messages are still named by the whole
+  // operation (`parent`'s root context), so two stages that talk to one peer never mix up their
+  // messages. Lives no longer than `parent`.
+  OpContext(OpContext& parent, std::vector<int> members);
+  OpContext(const OpContext&) = delete;
+  OpContext& operator=(const OpContext&) = delete;
 
   Comm& comm() const { return comm_; }
   int rank() const { return rank_; }
   int nranks() const { return nranks_; }
+  // The communicator rank of group rank `peer` (itself outside a group view).
+  int comm_rank(int peer) const { return members_.empty() ? peer : members_[peer]; }
+  bool is_group() const { return !members_.empty(); }
   int channels() const { return channels_; }
   const MsgTag& tag() const { return tag_; }
 
@@ -206,7 +218,7 @@ class OpContext {
 
  private:
   void post(Request& req, int peer, size_t bytes, const MsgTag& tag);
-  // send_tagged / recv_tagged without counting the bytes.
+  // send_tagged / recv_tagged to communicator rank `peer`, without counting the bytes.
   void post_send(SendRequest& req, int peer, int channel, const void* buf, size_t bytes,
                  const MsgTag& tag);
   void post_recv(RecvRequest& req, int peer, int channel, void* dst, size_t bytes,
@@ -220,7 +232,10 @@ class OpContext {
   // null (pinned_ set).
   const RegistrationKey* key_for(const void* p, size_t bytes, int peer);
   Comm& comm_;
-  std::vector<uint8_t> ordinals_;  // [2 * (peer * channels + channel) + send], made on first use
+  OpContext* root_;  // the operation's context (this one unless a group view)
+  std::vector<int> members_;  // a group view's communicator ranks, else empty
+  // Root context only: [2 * (comm rank * channels + channel) + send], made on first use.
+  std::vector<uint8_t> ordinals_;
   Op* pinned_;  // the op when it pins registrations, else null
   int rank_;
   int nranks_;

@@ -25,14 +25,15 @@ std::set<std::string> shm_entries() {
   return out;
 }
 
-// `max_count`: the matrix's largest count (the worker's default when empty).
+// `args`: the suite's arguments (mp_worker.cc), e.g. the matrix's largest count.
 void run_workers(int nranks, const std::string& transport, const std::string& suite,
-                 const std::vector<std::string>& env = {}, const std::string& max_count = "") {
+                 const std::vector<std::string>& env = {},
+                 const std::vector<std::string>& args = {}) {
   auto before = shm_entries();
   chorus::launch::Options o;
   o.nranks = nranks;
   o.argv = {CHORUS_MP_WORKER, suite};
-  if (!max_count.empty()) o.argv.push_back(max_count);
+  o.argv.insert(o.argv.end(), args.begin(), args.end());
   o.env = env;
   o.env.push_back("CHORUS_TRANSPORT=" + transport);
   o.timeout_ms = 600000;
@@ -112,6 +113,31 @@ TEST_CASE("AllReduce is bit-identical on every rank over TCP with 3 ranks", "[mp
 
 // The compressed collectives on processes (tests/support/compress_check.h; threads:
 // tests/ranks/compressed_test.cc).
+// Hosts simulated by CHORUS_HOST_ID (mp_worker.cc): ranks of one "host" use shared memory,
+// the others TCP, and the hierarchical algorithms run their stages over both.
+TEST_CASE("multi-process matrix on 2 hosts x 2 ranks", "[mp][hosts]") {
+  run_workers(4, "AUTO", "matrix", {"CHORUS_TEST_HOST_OF=0,1,0,1"});
+}
+TEST_CASE("AllReduce is bit-identical on every rank on 2 hosts x 2 ranks", "[mp][hosts][identical]") {
+  run_workers(4, "AUTO", "identical", {"CHORUS_TEST_HOST_OF=0,0,1,1"});
+}
+// Large enough for the hierarchical AllReduce's pipeline (2 MiB pieces, at most 8), with counts
+// that leave short last blocks and pieces (5 of them here); fp32 only.
+TEST_CASE("hierarchical AllReduce in pipelined pieces on 2 hosts x 2 ranks", "[mp][hosts][identical]") {
+  run_workers(4, "AUTO", "identical",
+              {"CHORUS_TEST_HOST_OF=0,1,1,0", "CHORUS_TEST_DATATYPES=float"},
+              {"2500007", "allreduce:hier"});
+}
+TEST_CASE("AllReduce is bit-identical on every rank on 3 hosts x 2 ranks", "[mp][hosts][identical]") {
+  run_workers(6, "AUTO", "identical", {"CHORUS_TEST_HOST_OF=0,1,2,2,1,0"});
+}
+TEST_CASE("AllReduce is bit-identical on every rank on 2 hosts x 3 ranks", "[mp][hosts][identical]") {
+  run_workers(6, "AUTO", "identical", {"CHORUS_TEST_HOST_OF=0,0,0,1,1,1"});
+}
+TEST_CASE("AllReduce is bit-identical on every rank on hosts of 1 and 2 ranks", "[mp][hosts][identical]") {
+  run_workers(3, "AUTO", "identical", {"CHORUS_TEST_HOST_OF=0,1,1"});
+}
+
 TEST_CASE("compressed collectives over shared memory with 4 ranks", "[mp][shm][compress]") {
   run_workers(4, "SHM", "compressed");
 }
@@ -180,10 +206,10 @@ TEST_CASE("AllReduce is bit-identical on every rank over UCX (shared memory) wit
 // round), so none waits for a retransmit.
 const std::vector<std::string> kVerbs = {"CHORUS_IB_SLOTS=8", "CHORUS_IB_SLOT_BYTES=8192"};
 TEST_CASE("multi-process matrix over verbs with 2 ranks", "[rdma][verbs]") {
-  run_workers(2, "VERBS", "matrix", kVerbs, "8191");
+  run_workers(2, "VERBS", "matrix", kVerbs, {"8191"});
 }
 TEST_CASE("multi-process matrix over verbs with 4 ranks", "[rdma][verbs]") {
-  run_workers(4, "VERBS", "matrix", kVerbs, "8191");
+  run_workers(4, "VERBS", "matrix", kVerbs, {"8191"});
 }
 TEST_CASE("AllReduce is bit-identical on every rank over verbs with 3 ranks", "[rdma][verbs]") {
   run_workers(3, "VERBS", "identical", kVerbs);
@@ -193,7 +219,7 @@ TEST_CASE("multi-process matrix over verbs with registered buffers and chunks ov
   std::vector<std::string> env = kVerbs;
   env.insert(env.end(), {"CHORUS_TEST_REGISTERED=1", "CHORUS_NCHANNELS=2",
                          "CHORUS_PATH_CHUNK_BYTES=65536"});
-  run_workers(2, "VERBS", "matrix", env, "40009");
+  run_workers(2, "VERBS", "matrix", env, {"40009"});
 }
 
 // Rendezvous (transports/verbs/README.md): messages of at least CHORUS_IB_RDV_BYTES from
@@ -204,11 +230,11 @@ TEST_CASE("verbs rendezvous: registered buffers move no byte through the rings",
           "[rdma][verbs][reg][rdv]") {
   std::vector<std::string> env = kVerbs;
   env.insert(env.end(), {"CHORUS_TEST_REGISTERED=1", "NCCL_IB_QPS_PER_CONNECTION=4"});
-  run_workers(3, "VERBS", "zero-copy", env, "262144");
+  run_workers(3, "VERBS", "zero-copy", env, {"262144"});
 }
 TEST_CASE("verbs rendezvous: unregistered buffers move every byte through the rings",
           "[rdma][verbs][rdv]") {
-  run_workers(3, "VERBS", "zero-copy", kVerbs, "262144");
+  run_workers(3, "VERBS", "zero-copy", kVerbs, {"262144"});
 }
 // The matrix with every message from 4 KiB on announced: zero copy between registered buffers,
 // through the ring into reducing receives and scratch buffers; chunks over 2 paths, each
@@ -220,7 +246,7 @@ TEST_CASE("multi-process matrix over verbs with registered buffers and 4 QPs per
                          "CHORUS_IB_QPS_PER_CONNECTION=4",
                          "CHORUS_NCHANNELS=2", "CHORUS_PATH_CHUNK_BYTES=65536",
                          "CHORUS_TEST_DATATYPES=int8,half,float,double"});
-  run_workers(3, "VERBS", "matrix", env, "40009");
+  run_workers(3, "VERBS", "matrix", env, {"40009"});
 }
 // Unregistered buffers over 4 QPs per connection: every message through the rings, its slots
 // round robin over the QPs (landing out of order).
@@ -228,5 +254,5 @@ TEST_CASE("multi-process matrix over verbs with 4 QPs per connection", "[rdma][v
   std::vector<std::string> env = kVerbs;
   env.insert(env.end(), {"NCCL_IB_QPS_PER_CONNECTION=4",
                          "CHORUS_TEST_DATATYPES=int8,half,float,double"});
-  run_workers(3, "VERBS", "matrix", env, "8191");
+  run_workers(3, "VERBS", "matrix", env, {"8191"});
 }

@@ -21,6 +21,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "common/params.h"
 #include "support/coll_check.h"
@@ -73,13 +74,34 @@ int run_matrix(ncclComm_t comm, int rank, int nranks, size_t max_count, bool str
 
 // Every rank switches CHORUS_ALGO at the same point of its sequence of calls, so all ranks run
 // each call with the same algorithm.
-int run_identical(ncclComm_t comm, int rank, int nranks) {
+std::vector<std::string> split(const std::string& list) {
+  std::vector<std::string> out;
+  std::string item;
+  for (char c : list + ",") {
+    if (c != ',') {
+      item += c;
+    } else if (!item.empty()) {
+      out.push_back(item);
+      item.clear();
+    }
+  }
+  return out;
+}
+
+// `counts`, `specs`: comma-separated counts and CHORUS_ALGO values (empty: the defaults).
+int run_identical(ncclComm_t comm, int rank, int nranks, const std::string& counts,
+                  const std::string& specs) {
+  std::vector<size_t> count_list;
+  for (const std::string& c : split(counts)) count_list.push_back(std::strtoull(c.c_str(), nullptr, 0));
+  if (count_list.empty()) count_list = {1001, 4096};
+  const std::vector<std::string> spec_list =
+      specs.empty() ? allreduce_algorithm_specs() : split(specs);
   int failures = 0;
-  for (const std::string& spec : allreduce_algorithm_specs()) {
+  for (const std::string& spec : spec_list) {
     setenv("CHORUS_ALGO", spec.c_str(), 1);
     chorus::params::reload_for_testing();
     uint64_t seed = 7919 * static_cast<uint64_t>(nranks);
-    std::string error = check_allreduce_identical(comm, seed);
+    std::string error = check_allreduce_identical(comm, seed, count_list);
     if (!error.empty()) {
       ++failures;
       fmt::print(stderr, "rank {}: CHORUS_ALGO={}:\n{}", rank, spec, error);
@@ -87,8 +109,7 @@ int run_identical(ncclComm_t comm, int rank, int nranks) {
     }
   }
   if (rank == 0)
-    fmt::print("rank 0: {} algorithms, {} with failures\n", allreduce_algorithm_specs().size(),
-               failures);
+    fmt::print("rank 0: {} algorithms, {} with failures\n", spec_list.size(), failures);
   return failures == 0 ? 0 : 1;
 }
 
@@ -139,12 +160,35 @@ int run_zero_copy(ncclComm_t comm, int rank, int nranks, size_t count) {
 }
 #endif
 
+// CHORUS_TEST_HOST_OF="0,0,1,1": rank r acts as if on host number r of the list (its
+// CHORUS_HOST_ID), so that one machine tests the multi-host algorithms (ranks on different
+// "hosts" reach each other over TCP). Set before anything reads the host identity.
+void place_on_test_host() {
+  const char* list = std::getenv("CHORUS_TEST_HOST_OF");
+  const char* rank = std::getenv("CHORUS_RANK");
+  if (list == nullptr || rank == nullptr) return;
+  std::vector<std::string> hosts;
+  std::string item;
+  for (const char* p = list;; ++p) {
+    if (*p == ',' || *p == '\0') {
+      hosts.push_back(item);
+      item.clear();
+      if (*p == '\0') break;
+    } else {
+      item += *p;
+    }
+  }
+  const size_t r = std::strtoul(rank, nullptr, 10);
+  if (r < hosts.size()) setenv("CHORUS_HOST_ID", ("test-host-" + hosts[r]).c_str(), 1);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
+  place_on_test_host();
   if (argc < 2) {
     fmt::print(stderr,
-               "usage: {} matrix|stream-matrix [max_count] | identical | compressed | zero-copy "
+               "usage: {} matrix|stream-matrix [max_count] | identical [counts [algos]] | compressed | zero-copy "
                "[count]\n",
                argv[0]);
     return 2;
@@ -164,7 +208,8 @@ int main(int argc, char** argv) {
   int rc = 2;
   if (std::strcmp(argv[1], "matrix") == 0) rc = run_matrix(comm, rank, nranks, max_count, false);
   if (std::strcmp(argv[1], "stream-matrix") == 0) rc = run_matrix(comm, rank, nranks, max_count, true);
-  if (std::strcmp(argv[1], "identical") == 0) rc = run_identical(comm, rank, nranks);
+  if (std::strcmp(argv[1], "identical") == 0)
+    rc = run_identical(comm, rank, nranks, argc > 2 ? argv[2] : "", argc > 3 ? argv[3] : "");
   if (std::strcmp(argv[1], "compressed") == 0) {
     std::string f = check_compressed_matrix(comm, 77, /*large=*/nranks <= 4) +
                     check_compressed_volume(comm) + check_compressed_nonfinite(comm) +

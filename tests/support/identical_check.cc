@@ -271,7 +271,7 @@ std::vector<ncclDataType_t> float_datatypes() {
 const std::vector<std::string>& allreduce_algorithm_specs() {
   static const std::vector<std::string> kSpecs = {
       "auto",           "allreduce:ring",     "allreduce:rd",  "allreduce:rhd",
-      "allreduce:oneshot", "allreduce:twoshot", "allreduce:tree"};
+      "allreduce:oneshot", "allreduce:twoshot", "allreduce:tree", "allreduce:hier"};
   return kSpecs;
 }
 

@@ -1,0 +1,167 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
+# File: bench/topo/hier_speed.sh
+# The hierarchical AllReduce against the flat rings, on the multi-host test bed
+# (scripts/testbed.sh): H hosts (default 2) x 2 ranks, joined by one shaped link each (default
+# 1 Gbit/s), in one run:
+#   1. raw TCP between host 0 and host 1 through the shaped link (bench/compress/tcp_rate.py):
+#      the most any collective can get out of it;
+#   2. all_reduce_perf (fp32 sum) four ways, ranks placed on alternating hosts (rank r on host
+#      r % H):
+#        flat ring     CHORUS_RING=RANK CHORUS_ALGO=allreduce:ring: the ring in rank order,
+#                      every hop crosses hosts (between 2 hosts: 3S bytes each way on the link)
+#        host ring     CHORUS_ALGO=allreduce:ring: each host's ranks adjacent (1.5S)
+#        hierarchical  CHORUS_ALGO=allreduce:hier (S, the least an AllReduce can carry)
+#        auto          the tuner's choice
+#   3. a table: algbw of each (size / time, out of place), its fraction of the link's bound
+#      (algbw <= the link's rate between 2 hosts: each host must send S bytes and receive S) and
+#      of raw TCP's one-way rate, against the target (hierarchical >= 90 % of the link at 64 MiB).
+#
+#   hier_speed.sh [-B BUILD_DIR] [-b MIN] [-e MAX] [-f FACTOR] [-n ITERS] [-w WARMUP]
+#                 [--hosts H] [--rate RATE] [--mtu MTU] [--enforce]
+# Defaults: build/, 64M..64M, -n 5 -w 1, 2 hosts, 1gbit, MTU 1500. --enforce: exit 1 when the
+# target is missed (off by default: two cores shared by four ranks and the kernel's TCP make
+# the figure depend on the machine's load).
+# Exit status: 0 done, 1 failure (or a missed target with --enforce), 77 skipped (needs root).
+set -euo pipefail
+
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/../.." && pwd)
+build=build
+min=64M
+max=64M
+factor=2
+iters=5
+warmup=1
+hosts=2
+rate=1gbit
+mtu=1500
+enforce=0
+while [ $# -gt 0 ]; do
+  case $1 in
+    -B) build=$2; shift 2 ;;
+    -b) min=$2; shift 2 ;;
+    -e) max=$2; shift 2 ;;
+    -f) factor=$2; shift 2 ;;
+    -n) iters=$2; shift 2 ;;
+    -w) warmup=$2; shift 2 ;;
+    --hosts) hosts=$2; shift 2 ;;
+    --rate) rate=$2; shift 2 ;;
+    --mtu) mtu=$2; shift 2 ;;
+    --enforce) enforce=1; shift ;;
+    -h|--help) awk 'NR >= 3 && !/^#/ {exit} NR >= 3' "$0"; exit 0 ;;
+    *) echo "hier_speed.sh: unknown argument '$1' (try --help)" >&2; exit 2 ;;
+  esac
+done
+
+if [ "$(id -u)" != 0 ] || ! command -v ip > /dev/null || ! command -v tc > /dev/null ||
+   ! command -v nsenter > /dev/null; then
+  echo "SKIP: the test bed needs root, iproute2, tc and nsenter"
+  exit 77
+fi
+build=$(cd "$build" && pwd)
+run=$build/tools/chorus-run
+perf=$build/bench/coll/all_reduce_perf
+for f in "$run" "$perf"; do
+  [ -x "$f" ] || { echo "hier_speed.sh: $f is missing: build chorus-run and all_reduce_perf" >&2; exit 1; }
+done
+testbed=$root/scripts/testbed.sh
+export TESTBED_NAME=hs$$
+work=$(mktemp -d /tmp/chorus-hier-speed.XXXXXX)
+server_pid=
+cleanup() {
+  if [ -n "$server_pid" ]; then kill "$server_pid" 2> /dev/null || true; fi
+  TESTBED_QUIET=1 "$testbed" down > /dev/null 2>&1 || true
+  rm -rf "$work"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+"$testbed" up --hosts "$hosts" --rails 1 --rate "$rate" > "$work/up.log" 2>&1 ||
+  { cat "$work/up.log"; exit 1; }
+if [ "$mtu" != 1500 ]; then
+  # Both ends of every link, and the bridge (it takes the smallest MTU of its ports).
+  for ((h = 0; h < hosts; h++)); do
+    "$testbed" run "$h" ip link set rail0 mtu "$mtu"
+    ip netns exec "tbed-$TESTBED_NAME-s0" ip link set "h$h" mtu "$mtu"
+  done
+fi
+echo "# test bed: $hosts hosts x 1 rail, every link tbf $rate both ways, MTU $mtu"
+echo "# load average before: $(cut -d' ' -f1-3 /proc/loadavg), $(nproc) CPUs"
+
+# 1. Raw TCP, host 0 -> host 1 (and both ways at once).
+port=47411
+"$testbed" run 1 python3 "$root/bench/compress/tcp_rate.py" serve 10.240.0.2 "$port" \
+  > "$work/server.txt" 2>&1 &
+server_pid=$!
+sleep 0.5
+tcp=$("$testbed" run 0 python3 "$root/bench/compress/tcp_rate.py" run 10.240.0.2 "$port" $((128 << 20)))
+wait "$server_pid" || true
+server_pid=
+tcp_one=$(awk '$1 == "one_way" {print $2}' <<< "$tcp")
+tcp_both=$(awk '$1 == "both_ways" {print $2}' <<< "$tcp")
+echo "# raw TCP: one way $tcp_one GB/s, both ways at once $tcp_both GB/s per direction"
+
+# 2. all_reduce_perf four ways.
+n=$((2 * hosts))
+args=(-b "$min" -e "$max" -f "$factor" -n "$iters" -w "$warmup" -c 1 -d float -o sum)
+names=(flat_ring host_ring hierarchical auto)
+envs=("CHORUS_RING=RANK CHORUS_ALGO=allreduce:ring" "CHORUS_ALGO=allreduce:ring"
+      "CHORUS_ALGO=allreduce:hier" "")
+status=0
+for i in "${!names[@]}"; do
+  xs=(-x CHORUS_DEBUG=INFO -x CHORUS_DEBUG_SUBSYS=INIT)
+  for kv in ${envs[$i]}; do xs+=(-x "$kv"); done
+  echo "# ${names[$i]}: testbed.sh launch -n $n --placement cyclic ${xs[*]} all_reduce_perf ${args[*]}"
+  if ! "$testbed" launch -n "$n" --placement cyclic --chorus-run "$run" "${xs[@]}" \
+      "$perf" "${args[@]}" > "$work/${names[$i]}.txt" 2>&1; then
+    status=1
+  fi
+  grep -v "CHORUS INFO" "$work/${names[$i]}.txt" | sed 's/^/#   /'
+  grep -m1 -o "rank 0/$n ready.*" "$work/${names[$i]}.txt" | sed 's/^/#   /' || true
+done
+echo "# load average after: $(cut -d' ' -f1-3 /proc/loadavg)"
+
+# 3. The table (algbw from the out-of-place time column; in place in parentheses).
+link_gbps=$(awk -v r="$rate" 'BEGIN {
+  v = r + 0; u = tolower(r); sub(/^[0-9.]+/, "", u)
+  f = u == "gbit" ? 1e9 : u == "mbit" ? 1e6 : u == "kbit" ? 1e3 : 1
+  printf "%.6f", v * f / 8 / 1e9 }')
+files=()
+for name in "${names[@]}"; do files+=("$work/$name.txt"); done
+awk -v link="$link_gbps" -v tcp="$tcp_one" -v enforce="$enforce" -v hosts="$hosts" '
+  BEGIN { split("flat ring (rank order),host-aware ring,hierarchical,auto (tuner)", label, ",") }
+  FNR == 1 { file++ }
+  /^#/ || NF < 13 || $1 !~ /^[0-9]+$/ { next }
+  { size[$1] = 1; oop[file, $1] = $1 / ($6 * 1e3); inp[file, $1] = $1 / ($10 * 1e3)
+    if (($9 != "N/A" && $9 != 0) || ($13 != "N/A" && $13 != 0)) bad = 1 }
+  END {
+    n = 0
+    for (s in size) sizes[++n] = s + 0
+    for (i = 1; i <= n; i++) for (j = i + 1; j <= n; j++)
+      if (sizes[j] < sizes[i]) { t = sizes[i]; sizes[i] = sizes[j]; sizes[j] = t }
+    missed = 0
+    for (i = 1; i <= n; i++) {
+      s = sizes[i]
+      printf "\n%g MiB AllReduce, %d hosts x 2 ranks, link %.4f GB/s, raw TCP %s GB/s:\n", s / 1048576, hosts, link, tcp
+      printf "  %-24s %18s %12s %12s\n", "algorithm", "algbw GB/s", "of link", "of raw TCP"
+      for (f = 1; f <= file; f++) {
+        a = oop[f, s]
+        printf "  %-24s %8.4f (%.4f) %11.1f%% %11.1f%%\n", label[f], a, inp[f, s], 100 * a / link,
+               (tcp > 0 ? 100 * a / tcp : 0)
+      }
+      if (s == 67108864 && hosts == 2) {
+        h = oop[3, s] / link
+        printf "  target: hierarchical >= 90%% of the link at 64 MiB: %s (%.1f%%)\n",
+               (h >= 0.9 ? "met" : "MISSED"), 100 * h
+        if (h < 0.9) missed = 1
+      }
+    }
+    if (bad) print "WRONG RESULTS in a run (#wrong != 0)"
+    exit (bad ? 2 : (missed && enforce ? 3 : 0))
+  }' "${files[@]}" || {
+  rc=$?
+  if [ "$rc" = 2 ]; then status=1; fi
+  if [ "$rc" = 3 ]; then echo "target missed (--enforce)"; status=1; fi
+}
+exit "$status"

@@ -1,0 +1,75 @@
+// SPDX-License-Identifier: Apache-2.0
+// The tuner's cost model and choices on communicators of several shapes (src/algo/tuner.h):
+// flat on one host, hierarchical across hosts of equal size, never hierarchical otherwise.
+#include <catch2/catch.hpp>
+
+#include "algo/tuner.h"
+#include "support/scoped_env.h"
+
+namespace chorus::algo {
+namespace {
+
+// Hosts joined by 1 Gbit/s Ethernet (0.125 GB/s, 25 us), shared memory within (8 GB/s, 1 us).
+CostModel ethernet() {
+  CostModel m;
+  m.alpha_us = 25;
+  m.beta_gbps = 0.125;
+  m.gamma_gbps = 10;
+  m.intra_alpha_us = 1;
+  m.intra_beta_gbps = 8;
+  return m;
+}
+
+constexpr size_t kMiB = size_t{1} << 20;
+
+TEST_CASE("one host: the hierarchical AllReduce is never predicted or chosen", "[tuner]") {
+  const CostModel m = ethernet();
+  for (int n : {2, 4, 8}) {
+    CHECK(predict_us(m, Algo::kHierarchical, CollKind::kAllReduce, 64 * kMiB, Shape::flat(n)) >= 1e29);
+    CHECK(choose(m, CollKind::kAllReduce, 64 * kMiB, Shape::flat(n), 1).algo != Algo::kHierarchical);
+    CHECK(host_link_share(Shape::flat(n)) == 1.0);
+  }
+}
+
+TEST_CASE("2 hosts x 2 ranks: hierarchical for large AllReduce, at 2/3 of the ring's time",
+          "[tuner]") {
+  const CostModel m = ethernet();
+  const Shape shape{4, 2, 2};
+  const double hier = predict_us(m, Algo::kHierarchical, CollKind::kAllReduce, 64 * kMiB, shape);
+  const double ring = predict_us(m, Algo::kRing, CollKind::kAllReduce, 64 * kMiB, shape);
+  // The host's link carries S each way against the ring's 2 (n-1)/n S = 1.5 S.
+  CHECK(hier / ring == Approx(2.0 / 3).epsilon(0.02));
+  CHECK(choose(m, CollKind::kAllReduce, 64 * kMiB, shape, 1).algo == Algo::kHierarchical);
+  CHECK(choose(m, CollKind::kAllReduce, 4 * kMiB, shape, 1).algo == Algo::kHierarchical);
+  // Two ranks of a host share its link for a direct exchange: 2 x 2 / 3 of one rank's figure.
+  CHECK(host_link_share(shape) == Approx(4.0 / 3));
+  CHECK(predict_us(m, Algo::kTwoShot, CollKind::kAllReduce, 64 * kMiB, shape) >
+        predict_us(m, Algo::kTwoShot, CollKind::kAllReduce, 64 * kMiB, Shape::flat(4)));
+}
+
+TEST_CASE("hosts of different sizes never get the hierarchical AllReduce", "[tuner]") {
+  const CostModel m = ethernet();
+  const Shape uneven{3, 2, 0};
+  CHECK(choose(m, CollKind::kAllReduce, 64 * kMiB, uneven, 1).algo != Algo::kHierarchical);
+  chorus::test::ScopedEnv forced("CHORUS_ALGO", "allreduce:hier");
+  CHECK(choose(m, CollKind::kAllReduce, 64 * kMiB, uneven, 1).algo == Algo::kRing);
+  CHECK(choose(m, CollKind::kAllReduce, 64 * kMiB, Shape{4, 2, 2}, 1).algo == Algo::kHierarchical);
+  CHECK(choose(m, CollKind::kAllReduce, 64 * kMiB, Shape{4, 4, 1}, 1).algo == Algo::kRing);
+}
+
+TEST_CASE("64 hosts x 8 ranks: hierarchical at large sizes, a bandwidth algorithm across hosts",
+          "[tuner]") {
+  const CostModel m = ethernet();
+  const Shape shape{512, 64, 8};
+  CHECK(choose(m, CollKind::kAllReduce, 256 * kMiB, shape, 1).algo == Algo::kHierarchical);
+  const Algo across = across_hosts_algo(m, 256 * kMiB, shape);
+  CHECK((across == Algo::kRing || across == Algo::kHalvingDoubling));
+  // Small messages: latency decides; whatever the choice, the model puts it no slower than the
+  // ring.
+  const Choice small = choose(m, CollKind::kAllReduce, 64, shape, 1);
+  CHECK(predict_us(m, small.algo, CollKind::kAllReduce, 64, shape) <=
+        predict_us(m, Algo::kRing, CollKind::kAllReduce, 64, shape));
+}
+
+}  // namespace
+}  // namespace chorus::algo
