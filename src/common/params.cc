@@ -37,7 +37,7 @@ IntParam kBootstrapTimeoutMs("BOOTSTRAP_TIMEOUT_MS", nullptr, 120000, 100, INT64
                              "how long the bootstrap root and ranks wait for each other");
 IntParam kConnectTimeoutMs("CONNECT_TIMEOUT_MS", nullptr, 60000, 100, INT64_MAX,
                            "how long a rank waits to set up its transport connections");
-StringParam kHostId("HOST_ID", nullptr, "", nullptr,
+StringParam kHostId("HOST_ID", "HOSTID", "", nullptr,
                     "override of the host identity (ranks with equal ids use shared memory); "
                     "default: boot id + network namespace");
 

@@ -58,6 +58,9 @@ IDENTICAL_TEST(rhd, "allreduce:rhd")
 IDENTICAL_TEST(oneshot, "allreduce:oneshot")
 IDENTICAL_TEST(twoshot, "allreduce:twoshot")
 IDENTICAL_TEST(tree, "allreduce:tree")
+// Ranks in threads share one host: forced here, the hierarchical AllReduce is the ring. Its own
+// stages run in the multi-process tests on simulated hosts (mp:*hosts*) and on the test bed.
+IDENTICAL_TEST(hier, "allreduce:hier")
 
 // Run to run: the same input through the same algorithm gives the same bits every time, however
 // the messages of the peers happen to arrive (data-parallel runs must be reproducible).
