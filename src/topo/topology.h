@@ -27,13 +27,13 @@ struct Nic {
   std::vector<int> numa_nodes;
   int package = -1;
   std::string cpus;  // that ancestor's cpuset as a list, e.g. "0-15"
-  // hwloc's info attributes of the OS device, in hwloc's order: Address, Port, NodeGUID,
-  // Port1LinkLayer, Port1State ...
+  // hwloc's info attributes of the OS device, in hwloc's order: Address and Port (network),
+  // NodeGUID, SysImageGUID, Port1State, Port1LID, Port1GID0 ... (openfabrics).
   std::vector<std::pair<std::string, std::string>> info;
   // The value of info attribute `key`, or empty.
   std::string info_value(const std::string& key) const;
   // "mlx5_0 (RDMA) PCI 0000:81:00.0 [ConnectX-6] 31.5 GB/s, NUMA 1, package 0, CPUs 8-15;
-  //  NodeGUID=..., Port1LinkLayer=InfiniBand"
+  //  NodeGUID=..., Port1State=4"
   std::string to_string() const;
 };
 
