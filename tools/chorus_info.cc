@@ -1,13 +1,17 @@
 // SPDX-License-Identifier: Apache-2.0
 // File: tools/chorus_info.cc
 // chorus-info: what this Chorus build and this host offer — version, kernels, transports and
-// network interfaces, RDMA devices and UCX's transports, the hwloc topology, and every
-// parameter with its value and description.
+// network interfaces, RDMA devices and UCX's transports, the hwloc topology (NICs with their
+// PCI bus id and NUMA node included), and every parameter with its value and description.
 //   chorus-info                everything
 //   chorus-info --params       parameters only
 //   chorus-info --fabric       RDMA devices (ports, GIDs) and UCX's transports and devices only
 //   chorus-info --tune [FILE]  measure the transports' alpha/beta, show the tuner's choices,
 //                              and write them to FILE for CHORUS_TUNER_FILE
+//   chorus-info --topo FILE    the cluster a topology file describes (src/topo/README.md):
+//                              hosts, rails, intra-host link, each rank's host, local index
+//                              and rail, the host-aware ring's inter-host hops; exit 1 and
+//                              the parse error ("FILE:LINE: expected ...") when it is invalid
 #include <chorus/chorus.h>
 #include <fmt/format.h>
 
@@ -18,6 +22,7 @@
 #include "common/process.h"
 #include "kernels/reduce/reduce.h"
 #include "tools/chorus_info_fabric.h"
+#include "tools/chorus_info_topo.h"
 #include "tools/chorus_info_tune.h"
 #include "topo/topology.h"
 #include "transports/registry.h"
@@ -65,6 +70,7 @@ void print_transports() {
 
 int main(int argc, char** argv) {
   if (argc > 1 && std::strcmp(argv[1], "--tune") == 0) return chorus::info::tune(argc > 2 ? argv[2] : nullptr);
+  if (argc == 3 && std::strcmp(argv[1], "--topo") == 0) return chorus::info::print_cluster(argv[2]);
   if (argc == 2 && std::strcmp(argv[1], "--fabric") == 0) {
     chorus::info::print_rdma_devices();
     chorus::info::print_ucx_resources();
@@ -72,7 +78,7 @@ int main(int argc, char** argv) {
   }
   bool params_only = argc > 1 && std::strcmp(argv[1], "--params") == 0;
   if (argc > 1 && !params_only) {
-    fmt::print(stderr, "usage: {} [--params | --fabric | --tune [FILE]]\n", argv[0]);
+    fmt::print(stderr, "usage: {} [--params | --fabric | --tune [FILE] | --topo FILE]\n", argv[0]);
     return 2;
   }
   if (!params_only) {
