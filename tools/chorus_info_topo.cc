@@ -10,9 +10,34 @@
 #include <string>
 #include <vector>
 
+#include "algo/tuner.h"
 #include "topo/cluster.h"
 
 namespace chorus::info {
+
+namespace {
+
+// The tuner's AllReduce choices on the cluster, with the model's times: what a job there would
+// run, beside the host-aware ring.
+void print_plan(const topo::Cluster& c) {
+  const algo::CostModel model = algo::model_of(c);
+  const algo::Shape shape = algo::shape_of(c);
+  fmt::print("AllReduce plan (the tuner's model from the file: {}):\n", model.to_string());
+  fmt::print("  {:>12}  {:<8} {:>14} {:>12} {:>16}\n", "bytes", "choice", "predicted us",
+             "algbw GB/s", "ring / choice");
+  for (size_t bytes = 8; bytes <= (size_t{1} << 30); bytes *= 16) {
+    const algo::Choice choice = algo::choose(model, CollKind::kAllReduce, bytes, shape, 1);
+    const double t = algo::predict_us(model, choice.algo, CollKind::kAllReduce, bytes, shape);
+    const double ring = algo::predict_us(model, algo::Algo::kRing, CollKind::kAllReduce, bytes, shape);
+    std::string name = algo::algo_name(choice.algo);
+    if (choice.algo == algo::Algo::kHierarchical)
+      name += fmt::format(" ({} across)", algo::algo_name(algo::across_hosts_algo(model, bytes, shape)));
+    fmt::print("  {:>12}  {:<8} {:>14.1f} {:>12.3f} {:>15.2f}x\n", bytes, name, t,
+               t > 0 ? static_cast<double>(bytes) / t / 1e3 : 0.0, t > 0 ? ring / t : 1.0);
+  }
+}
+
+}  // namespace
 
 int print_cluster(const char* path) {
   auto parsed = topo::read_cluster_file(path);
@@ -51,6 +76,7 @@ int print_cluster(const char* path) {
       "Ring (hosts in the order of their lowest rank, each host's ranks adjacent): {} "
       "inter-host hop(s) over {} rank(s)\n",
       topo::inter_host_hops(topo::host_ring_order(host), host), c.nranks());
+  print_plan(c);
   return 0;
 }
 

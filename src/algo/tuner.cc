@@ -146,10 +146,21 @@ double host_link_share(const Shape& shape) {
   return std::max(1.0, local * (n - local) / (n - 1.0));
 }
 
-Algo across_hosts_algo(const CostModel& m, size_t bytes, const Shape& shape) {
-  // local ranks per host run one AllReduce each, side by side over the host's link.
+namespace {
+
+// The model of one cross-host flow of a hierarchical algorithm: a host's `local` ranks run one
+// each, side by side over its rails.
+CostModel across_model(const CostModel& m, const Shape& shape) {
   CostModel across = m;
-  across.beta_gbps = m.beta_gbps / std::max(shape.local, 1);
+  const int local = std::max(shape.local, 1);
+  across.beta_gbps = m.beta_gbps * std::clamp(shape.rails, 1, local) / local;
+  return across;
+}
+
+}  // namespace
+
+Algo across_hosts_algo(const CostModel& m, size_t bytes, const Shape& shape) {
+  const CostModel across = across_model(m, shape);
   const size_t part = bytes / std::max(shape.local, 1);
   Algo best = Algo::kRing;
   for (Algo a : {Algo::kTwoShot, Algo::kHalvingDoubling, Algo::kRecursiveDoubling}) {
@@ -170,8 +181,7 @@ double predict_hier_us(const CostModel& m, CollKind coll, size_t bytes, const Sh
   local.alpha_us = m.intra_alpha_us;
   local.beta_gbps = m.intra_beta_gbps;
   const Shape host = Shape::flat(shape.local);
-  CostModel across = m;
-  across.beta_gbps = m.beta_gbps / shape.local;
+  const CostModel across = across_model(m, shape);
   return predict_us(local, Algo::kDirect, CollKind::kReduceScatter, bytes, host) +
          predict_us(across, across_hosts_algo(m, bytes, shape), CollKind::kAllReduce,
                     bytes / shape.local, Shape::flat(shape.hosts)) +

@@ -29,6 +29,9 @@
 namespace chorus {
 class Comm;
 }
+namespace chorus::topo {
+class Cluster;
+}
 
 namespace chorus::algo {
 
@@ -67,12 +70,23 @@ struct CostModel {
 // (0: hosts differ). The ring algorithms follow a ring that keeps each host's ranks together
 // (Comm::ring()), so their traffic crosses each host's link once each way; the others spread
 // theirs over every peer, and a host's ranks share its link.
+// A host's inter-host traffic may spread over `rails` links (local rank i on rail i mod
+// rails): the hierarchical algorithms' cross-host stages, one flow per local rank, use them
+// all; a ring crosses on one.
 struct Shape {
   int nranks = 1;
   int hosts = 1;
   int local = 1;
-  static Shape flat(int n) { return Shape{n, 1, n}; }
+  int rails = 1;
+  static Shape flat(int n) { return Shape{n, 1, n, 1}; }
 };
+
+// The model and shape of a cluster described by a topology file (src/topo/cluster.h), for
+// planning on clusters this machine cannot build: alpha and beta of its slowest rail, the
+// intra-host link (also gamma: folding streams memory as it does), its hosts, ranks per host
+// and rails; codec keeps its default.
+CostModel model_of(const topo::Cluster& cluster);
+Shape shape_of(const topo::Cluster& cluster);
 
 // How many times slower than one rank's own link an algorithm that spreads its traffic over
 // every peer finds the network on `shape`: a host's ranks send (n - local) / n of their bytes

@@ -14,6 +14,7 @@
 #include "common/params.h"
 #include "common/process.h"
 #include "core/comm.h"
+#include "topo/cluster.h"
 
 namespace chorus {
 
@@ -382,7 +383,9 @@ void Comm::set_host_layout() {
   if (params::kRing.get() == "RANK") {
     for (int r = 0; r < n; ++r) ring_.push_back(r);
   } else {
-    for (const auto& host : hosts_) ring_.insert(ring_.end(), host.begin(), host.end());
+    std::vector<uint64_t> host_hashes;
+    for (const PeerInfo& p : peers_) host_hashes.push_back(p.host_hash);
+    ring_ = topo::host_ring_order(host_hashes);  // hosts_ concatenated
   }
   ring_pos_.assign(n, 0);
   for (int p = 0; p < n; ++p) ring_pos_[ring_[p]] = p;
