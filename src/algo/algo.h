@@ -52,10 +52,12 @@ Task direct_all_gather_blocks(OpContext& ctx, Args a);
 Task reduce_scatter_ring(OpContext& ctx, Args a);
 Task reduce_scatter_rhd(OpContext& ctx, Args a);     // recursive halving (power of two)
 Task reduce_scatter_direct(OpContext& ctx, Args a);  // every block straight to its owner
+Task reduce_scatter_hier(OpContext& ctx, Args a);    // within hosts, then across hosts
 // AllGather
 Task all_gather_ring(OpContext& ctx, Args a);
 Task all_gather_bruck(OpContext& ctx, Args a);       // log2(n) steps, any n
 Task all_gather_direct(OpContext& ctx, Args a);
+Task all_gather_hier(OpContext& ctx, Args a);        // across hosts, then within hosts
 // Broadcast and Reduce
 Task broadcast_chain(OpContext& ctx, Args a);        // pipelined chain (bandwidth)
 Task broadcast_tree(OpContext& ctx, Args a);         // binomial tree (latency)

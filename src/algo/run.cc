@@ -71,10 +71,12 @@ AlgoFn algorithm(CollKind coll, Algo algo) {
     case CollKind::kReduceScatter:
       if (algo == Algo::kHalvingDoubling) return reduce_scatter_rhd;
       if (algo == Algo::kDirect) return reduce_scatter_direct;
+      if (algo == Algo::kHierarchical) return reduce_scatter_hier;
       return reduce_scatter_ring;
     case CollKind::kAllGather:
       if (algo == Algo::kBruck) return all_gather_bruck;
       if (algo == Algo::kDirect) return all_gather_direct;
+      if (algo == Algo::kHierarchical) return all_gather_hier;
       return all_gather_ring;
     case CollKind::kBroadcast: return algo == Algo::kTree ? broadcast_tree : broadcast_chain;
     case CollKind::kReduce: return algo == Algo::kTree ? reduce_tree : reduce_chain;

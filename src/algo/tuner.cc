@@ -116,8 +116,10 @@ const std::vector<Algo>& algorithms_for(CollKind coll) {
                                                Algo::kHalvingDoubling, Algo::kOneShot,
                                                Algo::kTwoShot, Algo::kTree,
                                                Algo::kHierarchical};
-  static const std::vector<Algo> kReduceScatter = {Algo::kRing, Algo::kHalvingDoubling, Algo::kDirect};
-  static const std::vector<Algo> kAllGather = {Algo::kRing, Algo::kBruck, Algo::kDirect};
+  static const std::vector<Algo> kReduceScatter = {Algo::kRing, Algo::kHalvingDoubling,
+                                                    Algo::kDirect, Algo::kHierarchical};
+  static const std::vector<Algo> kAllGather = {Algo::kRing, Algo::kBruck, Algo::kDirect,
+                                               Algo::kHierarchical};
   static const std::vector<Algo> kRooted = {Algo::kChain, Algo::kTree};
   static const std::vector<Algo> kAlltoAll = {Algo::kPairwise, Algo::kBruck};
   static const std::vector<Algo> kDirectOnly = {Algo::kDirect};
@@ -173,19 +175,37 @@ Algo across_hosts_algo(const CostModel& m, size_t bytes, const Shape& shape) {
 
 namespace {
 
-// The hierarchical AllReduce: a direct reduce-scatter among each host's ranks, an AllReduce of
-// each rank's block among the ranks of its local index (one per host), a direct all-gather.
+// The hierarchical algorithms (all_*_hier.cc), stage by stage: direct exchanges among a
+// host's ranks over the intra-host link, and among the ranks of one local index (one per host)
+// over the host's rails, a host's ranks side by side.
+//   AllReduce:     reduce-scatter within, AllReduce of each rank's 1/L across, all-gather within
+//   ReduceScatter: within, each rank folds the host's blocks of its H counterparts (S/L of the
+//                  input); across, a direct ReduceScatter of those
+//   AllGather:     across, a direct AllGather of each rank's block (S/L of the output); within,
+//                  the H blocks of every local peer
 double predict_hier_us(const CostModel& m, CollKind coll, size_t bytes, const Shape& shape) {
-  if (coll != CollKind::kAllReduce || shape.hosts < 2 || shape.local < 2) return 1e30;
+  if (shape.hosts < 2 || shape.local < 2) return 1e30;
   CostModel local = m;
   local.alpha_us = m.intra_alpha_us;
   local.beta_gbps = m.intra_beta_gbps;
-  const Shape host = Shape::flat(shape.local);
+  const Shape host = Shape::flat(shape.local), hosts = Shape::flat(shape.hosts);
   const CostModel across = across_model(m, shape);
-  return predict_us(local, Algo::kDirect, CollKind::kReduceScatter, bytes, host) +
-         predict_us(across, across_hosts_algo(m, bytes, shape), CollKind::kAllReduce,
-                    bytes / shape.local, Shape::flat(shape.hosts)) +
-         predict_us(local, Algo::kDirect, CollKind::kAllGather, bytes, host);
+  const size_t part = bytes / shape.local;
+  switch (coll) {
+    case CollKind::kAllReduce:
+      return predict_us(local, Algo::kDirect, CollKind::kReduceScatter, bytes, host) +
+             predict_us(across, across_hosts_algo(m, bytes, shape), CollKind::kAllReduce, part,
+                        hosts) +
+             predict_us(local, Algo::kDirect, CollKind::kAllGather, bytes, host);
+    case CollKind::kReduceScatter:
+    case CollKind::kAllGather:
+      // One message per host to each local peer: (L-1) H latencies, a quarter each (as the
+      // direct algorithms count the extra ones).
+      return predict_us(local, Algo::kDirect, coll, bytes, host) +
+             (shape.local - 1) * (shape.hosts - 1) * m.intra_alpha_us / 4 +
+             predict_us(across, Algo::kDirect, coll, part, hosts);
+    default: return 1e30;
+  }
 }
 
 }  // namespace

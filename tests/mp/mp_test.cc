@@ -118,6 +118,16 @@ TEST_CASE("AllReduce is bit-identical on every rank over TCP with 3 ranks", "[mp
 TEST_CASE("multi-process matrix on 2 hosts x 2 ranks", "[mp][hosts]") {
   run_workers(4, "AUTO", "matrix", {"CHORUS_TEST_HOST_OF=0,1,0,1"});
 }
+TEST_CASE("multi-process matrix, hierarchical algorithms forced, on 3 hosts x 2 ranks", "[mp][hosts]") {
+  run_workers(6, "AUTO", "matrix",
+              {"CHORUS_TEST_HOST_OF=0,1,2,2,1,0",
+               "CHORUS_ALGO=allreduce:hier,reducescatter:hier,allgather:hier"});
+}
+TEST_CASE("multi-process matrix, hierarchical algorithms forced, on 2 hosts x 3 ranks", "[mp][hosts]") {
+  run_workers(6, "AUTO", "matrix",
+              {"CHORUS_TEST_HOST_OF=0,0,0,1,1,1",
+               "CHORUS_ALGO=allreduce:hier,reducescatter:hier,allgather:hier"});
+}
 TEST_CASE("AllReduce is bit-identical on every rank on 2 hosts x 2 ranks", "[mp][hosts][identical]") {
   run_workers(4, "AUTO", "identical", {"CHORUS_TEST_HOST_OF=0,0,1,1"});
 }

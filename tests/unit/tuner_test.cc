@@ -47,6 +47,20 @@ TEST_CASE("2 hosts x 2 ranks: hierarchical for large AllReduce, at 2/3 of the ri
         predict_us(m, Algo::kTwoShot, CollKind::kAllReduce, 64 * kMiB, Shape::flat(4)));
 }
 
+TEST_CASE("2 hosts x 2 ranks: hierarchical ReduceScatter and AllGather for large calls",
+          "[tuner]") {
+  const CostModel m = ethernet();
+  const Shape shape{4, 2, 2};
+  for (CollKind coll : {CollKind::kReduceScatter, CollKind::kAllGather}) {
+    // The host's link carries (H-1)/H = 1/2 of the buffer each way against the ring's 3/4.
+    const double hier = predict_us(m, Algo::kHierarchical, coll, 64 * kMiB, shape);
+    const double ring = predict_us(m, Algo::kRing, coll, 64 * kMiB, shape);
+    CHECK(hier / ring == Approx(2.0 / 3).epsilon(0.05));
+    CHECK(choose(m, coll, 64 * kMiB, shape, 1).algo == Algo::kHierarchical);
+    CHECK(choose(m, coll, 64 * kMiB, Shape::flat(4), 1).algo != Algo::kHierarchical);
+  }
+}
+
 TEST_CASE("hosts of different sizes never get the hierarchical AllReduce", "[tuner]") {
   const CostModel m = ethernet();
   const Shape uneven{3, 2, 0};
