@@ -13,6 +13,9 @@
 #        host ring     CHORUS_ALGO=allreduce:ring: each host's ranks adjacent (1.5S)
 #        hierarchical  CHORUS_ALGO=allreduce:hier (S, the least an AllReduce can carry)
 #        auto          the tuner's choice
+#        fp8 across    CHORUS_COMPRESS=FP8_E4M3 CHORUS_COMPRESS_POLICY=ALWAYS: the hierarchical
+#                      AllReduce with its cross-host stage in FP8 (checked against FP8's error
+#                      bound by all_reduce_perf); it may exceed the link's bound (fewer bytes)
 #   3. a table: algbw of each (size / time, out of place), its fraction of the link's bound
 #      (algbw <= the link's rate between 2 hosts: each host must send S bytes and receive S) and
 #      of raw TCP's one-way rate, against the target (hierarchical >= 90 % of the link at 64 MiB).
@@ -105,9 +108,9 @@ echo "# raw TCP: one way $tcp_one GB/s, both ways at once $tcp_both GB/s per dir
 # 2. all_reduce_perf four ways.
 n=$((2 * hosts))
 args=(-b "$min" -e "$max" -f "$factor" -n "$iters" -w "$warmup" -c 1 -d float -o sum)
-names=(flat_ring host_ring hierarchical auto)
+names=(flat_ring host_ring hierarchical auto fp8_across)
 envs=("CHORUS_RING=RANK CHORUS_ALGO=allreduce:ring" "CHORUS_ALGO=allreduce:ring"
-      "CHORUS_ALGO=allreduce:hier" "")
+      "CHORUS_ALGO=allreduce:hier" "" "CHORUS_COMPRESS=FP8_E4M3 CHORUS_COMPRESS_POLICY=ALWAYS")
 status=0
 for i in "${!names[@]}"; do
   xs=(-x CHORUS_DEBUG=INFO -x CHORUS_DEBUG_SUBSYS=INIT)
@@ -130,7 +133,7 @@ link_gbps=$(awk -v r="$rate" 'BEGIN {
 files=()
 for name in "${names[@]}"; do files+=("$work/$name.txt"); done
 awk -v link="$link_gbps" -v tcp="$tcp_one" -v enforce="$enforce" -v hosts="$hosts" '
-  BEGIN { split("flat ring (rank order),host-aware ring,hierarchical,auto (tuner)", label, ",") }
+  BEGIN { split("flat ring (rank order),host-aware ring,hierarchical,auto (tuner),hier. + FP8 across", label, ",") }
   FNR == 1 { file++ }
   /^#/ || NF < 13 || $1 !~ /^[0-9]+$/ { next }
   { size[$1] = 1; oop[file, $1] = $1 / ($6 * 1e3); inp[file, $1] = $1 / ($10 * 1e3)

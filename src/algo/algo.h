@@ -10,11 +10,16 @@
 // completes, so no algorithm writes to memory it has a send in flight from.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 
 #include "core/op.h"
 #include "core/task.h"
 #include "kernels/reduce/reduce.h"
+
+namespace chorus::compress {
+class Compressor;
+}
 
 namespace chorus::algo {
 
@@ -32,6 +37,10 @@ struct Args {
   int root = -1;
   int channel = 0;   // the connections to use
   int channels = 1;  // how many channels the tuner gave this call (ring splits over them)
+  // A compressed AllReduce across hosts: the hierarchical AllReduce quantizes its cross-host
+  // stage only (FP8 on the network, exact within each host), folding with `fold`.
+  compress::Compressor* compressor = nullptr;
+  RedOpKind fold = RedOpKind::kSum;
 };
 
 // AllReduce
@@ -42,12 +51,12 @@ Task all_reduce_oneshot(OpContext& ctx, Args a);     // everyone sends everythin
 Task all_reduce_twoshot(OpContext& ctx, Args a);     // direct reduce-scatter + all-gather
 Task all_reduce_tree(OpContext& ctx, Args a);        // binomial reduce + binomial broadcast
 Task all_reduce_hier(OpContext& ctx, Args a);        // within hosts, across hosts, within hosts
-// The halves of the two-shot AllReduce, over a.count elements cut in nranks blocks
-// (block_offset): block r of a.out becomes the fold of every rank's block r of a.in (the
+// The halves of the two-shot AllReduce, over a.count elements cut in nranks blocks of whole
+// units (unit_offset): block r of a.out becomes the fold of every rank's block r of a.in (the
 // other blocks of a.out are not touched: no copy of the input is needed); then every rank's
 // block b of a.out is rank b's block b.
-Task direct_reduce_scatter_blocks(OpContext& ctx, Args a);
-Task direct_all_gather_blocks(OpContext& ctx, Args a);
+Task direct_reduce_scatter_blocks(OpContext& ctx, Args a, size_t unit = 1);
+Task direct_all_gather_blocks(OpContext& ctx, Args a, size_t unit = 1);
 // ReduceScatter
 Task reduce_scatter_ring(OpContext& ctx, Args a);
 Task reduce_scatter_rhd(OpContext& ctx, Args a);     // recursive halving (power of two)
@@ -81,6 +90,12 @@ inline size_t block_offset(size_t count, int parts, int i) {
   return base * i + (static_cast<size_t>(i) < extra ? i : extra);
 }
 inline int mod(int a, int n) { return ((a % n) + n) % n; }
+// block_offset over runs of `unit` elements (the last may be short): where block i of `parts`
+// starts, a multiple of unit (or count); i == parts gives count.
+inline size_t unit_offset(size_t count, int parts, int i, size_t unit) {
+  const size_t units = (count + unit - 1) / unit;
+  return std::min(count, block_offset(units, parts, i) * unit);
+}
 
 // The communicator's ring (Comm::ring(): each host's ranks adjacent) seen from this rank; in a
 // group view (a stage of a hierarchical algorithm), the group's rank order.

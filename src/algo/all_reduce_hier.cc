@@ -17,6 +17,10 @@
 // stages (reduce-scatter of piece p + 1 before the all-gather of piece p), another the
 // cross-host stage. They talk to different peers, so each peer still sees this rank's messages
 // in one order on every run.
+//
+// A compressed AllReduce (chorusAllReduceCompressed, CHORUS_COMPRESS) across such hosts runs
+// here too, with only the cross-host stage in FP8 (compress::all_reduce_part): exact over
+// shared memory, a quarter of the bytes on the network.
 #include <algorithm>
 #include <atomic>
 #include <climits>
@@ -25,6 +29,8 @@
 
 #include "algo/algo.h"
 #include "algo/tuner.h"
+#include "compress/compressed_coll.h"
+#include "compress/compressor.h"
 #include "core/comm.h"
 
 namespace chorus::algo {
@@ -35,6 +41,7 @@ namespace {
 // kMaxPieces of them.
 constexpr size_t kMinPieceBytes = size_t{2} << 20;
 constexpr int kMaxPieces = 8;
+constexpr int kMaxCompressedPieces = 3;
 
 Task run_across(Algo algo, OpContext& ctx, Args a) {
   switch (algo) {
@@ -62,22 +69,31 @@ struct Stages {
   OpContext* host;    // this host's ranks
   OpContext* across;  // local index l of every host
   Algo across_algo;
+  // Compressed cross-host stage (Args::compressor): the settings, the residual (null without
+  // error feedback) and the call's tag and datatype for the compressed AllReduce of each block.
+  const compress::Settings* settings = nullptr;
+  float* residual = nullptr;
+  CollCall call;
   int pieces;
   int local;  // ranks per host
   int l;      // this rank's local index
+  // Pieces and blocks are cut at multiples of `unit` elements: the codec block when the
+  // cross-host stage compresses (each block then quantizes whole codec blocks), else 1.
+  size_t unit = 1;
   Args piece(const Args& a, int p) const {
     Args s = a;
-    const size_t off = block_offset(a.count, pieces, p) * a.elem_size;
-    s.in = a.in + off;
-    s.out = a.out + off;
-    s.count = block_count(a.count, pieces, p);
+    const size_t begin = unit_offset(a.count, pieces, p, unit);
+    s.in = a.in + begin * a.elem_size;
+    s.out = a.out + begin * a.elem_size;
+    s.count = unit_offset(a.count, pieces, p + 1, unit) - begin;
     return s;
   }
   // This rank's block of piece p (in a.out), reduced in place across hosts.
   Args block(const Args& a, int p) const {
     Args s = piece(a, p);
-    s.in = s.out = s.out + block_offset(s.count, local, l) * a.elem_size;
-    s.count = block_count(s.count, local, l);
+    const size_t begin = unit_offset(s.count, local, l, unit);
+    s.count = unit_offset(s.count, local, l + 1, unit) - begin;
+    s.in = s.out = s.out + begin * a.elem_size;
     return s;
   }
 };
@@ -86,14 +102,14 @@ Task local_stages(const Stages& st, Args a, std::shared_ptr<Pipeline> pipe) {
   Status status;
   for (int p = 0; p <= st.pieces && status.ok(); ++p) {
     if (p < st.pieces) {
-      status = co_await direct_reduce_scatter_blocks(*st.host, st.piece(a, p));
+      status = co_await direct_reduce_scatter_blocks(*st.host, st.piece(a, p), st.unit);
       if (!status.ok()) break;
       pipe->local_done.store(static_cast<uint32_t>(p + 1), std::memory_order_release);
     }
     if (p == 0) continue;
     co_await wait_until(WaitCond{&pipe->across_done, static_cast<uint32_t>(p)});
     if (pipe->failed) co_return Status();  // the other fiber's error is the operation's
-    status = co_await direct_all_gather_blocks(*st.host, st.piece(a, p - 1));
+    status = co_await direct_all_gather_blocks(*st.host, st.piece(a, p - 1), st.unit);
   }
   if (!status.ok()) pipe->fail();
   co_return status;
@@ -103,7 +119,18 @@ Task across_stage(const Stages& st, Args a, std::shared_ptr<Pipeline> pipe) {
   for (int p = 0; p < st.pieces; ++p) {
     co_await wait_until(WaitCond{&pipe->local_done, static_cast<uint32_t>(p + 1)});
     if (pipe->failed) co_return Status();
-    Status status = co_await run_across(st.across_algo, *st.across, st.block(a, p));
+    const Args b = st.block(a, p);
+    Status status;
+    if (st.settings != nullptr) {
+      CollCall part = st.call;
+      part.sendbuf = b.in;
+      part.recvbuf = b.out;
+      part.count = b.count;
+      const size_t base = static_cast<size_t>(b.out - a.out) / a.elem_size;
+      status = co_await compress::all_reduce_part(*st.across, part, *st.settings, st.residual, base);
+    } else {
+      status = co_await run_across(st.across_algo, *st.across, b);
+    }
     if (!status.ok()) {
       pipe->fail();
       co_return status;
@@ -136,6 +163,28 @@ Task all_reduce_hier(OpContext& ctx, Args a) {
   st.pieces = static_cast<int>(std::clamp<size_t>(bytes / kMinPieceBytes, 1, kMaxPieces));
   st.local = local;
   st.l = l;
+  Result<float*> residual = static_cast<float*>(nullptr);
+  if (a.compressor != nullptr) {
+    residual = a.compressor->begin_run();
+    if (!residual.ok()) co_return residual.take_status();
+    st.settings = &a.compressor->settings();
+    st.residual = *residual;
+    st.call.kind = CollKind::kAllReduce;
+    st.call.dtype = a.dtype;
+    st.call.op.kind = a.fold;
+    st.call.tag = ctx.tag();
+    // A compressed block travels in up to 2 x 32 messages per peer (compressed_coll.cc); a
+    // message's ordinal between two ranks wraps at 256 per operation.
+    st.pieces = std::min(st.pieces, kMaxCompressedPieces);
+    st.unit = st.settings->block;
+  }
+  // Ends the compressor's run however the coroutine ends: done, failed, or destroyed by an abort.
+  struct RunGuard {
+    compress::Compressor* c;
+    ~RunGuard() {
+      if (c != nullptr) c->end_run();
+    }
+  } guard{a.compressor};
   auto pipe = std::make_shared<Pipeline>();
   FiberGroup group;
   group.spawn(local_stages(st, a, pipe));

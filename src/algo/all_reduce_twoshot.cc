@@ -11,11 +11,11 @@
 
 namespace chorus::algo {
 
-Task direct_reduce_scatter_blocks(OpContext& ctx, Args a) {
+Task direct_reduce_scatter_blocks(OpContext& ctx, Args a, size_t unit) {
   const int n = ctx.nranks(), r = ctx.rank();
   const size_t es = a.elem_size;
-  auto off = [&](int b) { return block_offset(a.count, n, b) * es; };
-  auto len = [&](int b) { return block_count(a.count, n, b) * es; };
+  auto off = [&](int b) { return unit_offset(a.count, n, b, unit) * es; };
+  auto len = [&](int b) { return off(b + 1) - off(b); };
   RequestArray<SendRequest> sends(n);
   RequestArray<RecvRequest> recvs(n);
   // We send from the input; in place, the blocks we send are never written here (only block r).
@@ -36,11 +36,11 @@ Task direct_reduce_scatter_blocks(OpContext& ctx, Args a) {
   co_return Status();
 }
 
-Task direct_all_gather_blocks(OpContext& ctx, Args a) {
+Task direct_all_gather_blocks(OpContext& ctx, Args a, size_t unit) {
   const int n = ctx.nranks(), r = ctx.rank();
   const size_t es = a.elem_size;
-  auto off = [&](int b) { return block_offset(a.count, n, b) * es; };
-  auto len = [&](int b) { return block_count(a.count, n, b) * es; };
+  auto off = [&](int b) { return unit_offset(a.count, n, b, unit) * es; };
+  auto len = [&](int b) { return off(b + 1) - off(b); };
   RequestArray<SendRequest> sends(n);
   RequestArray<RecvRequest> recvs(n);
   for (int k = 1; k < n; ++k) {

@@ -130,10 +130,19 @@ compress::Compressor* compressor_for(OpContext& ctx, const CollCall& call,
   return c;
 }
 
+// Whether a compressed AllReduce runs as the hierarchical one with a compressed cross-host
+// stage (hosts with equal numbers of ranks, two at least): shared memory is faster than the
+// codec, the network is not.
+bool compress_across_hosts(const Comm& comm, const CollCall& call) {
+  return call.kind == CollKind::kAllReduce && comm.hosts().size() > 1 &&
+         comm.ranks_per_host() > 1;
+}
+
 Task run_collective(OpContext& ctx, CollCall call) {
   std::shared_ptr<compress::Compressor> transparent;
-  if (compress::Compressor* c = compressor_for(ctx, call, &transparent))
-    co_return co_await compress::run(ctx, call, *c);
+  compress::Compressor* compressor = compressor_for(ctx, call, &transparent);
+  if (compressor != nullptr && !compress_across_hosts(ctx.comm(), call))
+    co_return co_await compress::run(ctx, call, *compressor);
   Args a;
   a.in = static_cast<const char*>(call.sendbuf);
   a.out = static_cast<char*>(call.recvbuf);
@@ -157,6 +166,11 @@ Task run_collective(OpContext& ctx, CollCall call) {
                  call.kind != CollKind::kReduce;
   size_t bytes = call.count * a.elem_size * (blocked ? n : 1);
   Choice choice = ctx.comm().choose(call.kind, bytes);
+  if (compressor != nullptr) {
+    choice = Choice{Algo::kHierarchical, 1};
+    a.compressor = compressor;
+    a.fold = call.op.kind == RedOpKind::kAvg ? RedOpKind::kSum : call.op.kind;
+  }
   AlgoFn fn = algorithm(call.kind, choice.algo);
   if (fn == nullptr) co_return internal_error("no algorithm for {}", coll_name(call.kind));
   CHORUS_TRACE(kColl, "{}: {} x{} channel(s)", describe_tag(call.tag), algo_name(choice.algo),

@@ -148,10 +148,6 @@ double host_link_share(const Shape& shape) {
   return std::max(1.0, local * (n - local) / (n - 1.0));
 }
 
-namespace {
-
-// The model of one cross-host flow of a hierarchical algorithm: a host's `local` ranks run one
-// each, side by side over its rails.
 CostModel across_model(const CostModel& m, const Shape& shape) {
   CostModel across = m;
   const int local = std::max(shape.local, 1);
@@ -159,7 +155,12 @@ CostModel across_model(const CostModel& m, const Shape& shape) {
   return across;
 }
 
-}  // namespace
+CostModel within_host_model(const CostModel& m) {
+  CostModel local = m;
+  local.alpha_us = m.intra_alpha_us;
+  local.beta_gbps = m.intra_beta_gbps;
+  return local;
+}
 
 Algo across_hosts_algo(const CostModel& m, size_t bytes, const Shape& shape) {
   const CostModel across = across_model(m, shape);
@@ -185,9 +186,7 @@ namespace {
 //                  the H blocks of every local peer
 double predict_hier_us(const CostModel& m, CollKind coll, size_t bytes, const Shape& shape) {
   if (shape.hosts < 2 || shape.local < 2) return 1e30;
-  CostModel local = m;
-  local.alpha_us = m.intra_alpha_us;
-  local.beta_gbps = m.intra_beta_gbps;
+  const CostModel local = within_host_model(m);
   const Shape host = Shape::flat(shape.local), hosts = Shape::flat(shape.hosts);
   const CostModel across = across_model(m, shape);
   const size_t part = bytes / shape.local;

@@ -99,6 +99,11 @@ double host_link_share(const Shape& shape);
 double predict_us(const CostModel& model, Algo algo, CollKind coll, size_t bytes,
                   const Shape& shape);
 
+// The models of a hierarchical algorithm's stages: one cross-host flow (a host's `local` ranks
+// run one each, side by side over its rails), and the link within a host.
+CostModel across_model(const CostModel& m, const Shape& shape);
+CostModel within_host_model(const CostModel& m);
+
 // The AllReduce a hierarchical AllReduce runs across hosts (among the ranks of one local
 // index) for a call of `bytes`.
 Algo across_hosts_algo(const CostModel& model, size_t bytes, const Shape& shape);

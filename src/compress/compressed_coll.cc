@@ -99,12 +99,15 @@ uint64_t mix(uint64_t x) {  // splitmix64's finalizer
 // The per-call state of a compressed collective on this rank, and its quantization steps.
 class Codec {
  public:
-  Codec(OpContext& ctx, const CollCall& call, const Settings& s, float* residual)
+  // `base`: the tensor index of the call's first element (a part of a larger tensor: the
+  // hierarchical AllReduce's cross-host stage), for the residual and the random streams.
+  Codec(OpContext& ctx, const CollCall& call, const Settings& s, float* residual, size_t base = 0)
       : ctx_(ctx),
         s_(s),
         dtype_(call.dtype),
         esz_(datatype_size(call.dtype)),
-        residual_(residual),
+        residual_(residual != nullptr ? residual + base : nullptr),
+        base_(base),
         tag_seq_(call.tag.seq) {
     const auto& table = kernels::codecs();
     in_ = kernels::BlockCodec{dtype_, s.format, s.scale, s.rounding, s.block};
@@ -125,7 +128,7 @@ class Codec {
   kernels::RandomStream stream(int phase, size_t index) const {
     uint64_t seed = mix(s_.seed ^ mix((uint64_t{tag_seq_} << 32) ^
                                       (static_cast<uint64_t>(ctx_.rank()) << 2) ^ phase));
-    return kernels::RandomStream{seed, index};
+    return kernels::RandomStream{seed, base_ + index};
   }
 
   // Widens m elements of the datatype to fp32.
@@ -187,6 +190,7 @@ class Codec {
   DataType dtype_;
   size_t esz_;
   float* residual_;
+  size_t base_;
   uint32_t tag_seq_;
   kernels::BlockCodec in_, f32_;
   kernels::CodecEncodeFn encode_in_, encode_f32_;
@@ -386,6 +390,13 @@ void run_alone(const CollCall& call) {
 
 }  // namespace
 
+Task all_reduce_part(OpContext& ctx, const CollCall& call, const Settings& s, float* residual,
+                     size_t base) {
+  if (call.count == 0 || ctx.nranks() == 1) co_return Status();
+  Codec codec(ctx, call, s, residual, base);
+  co_return co_await all_reduce(ctx, call, codec);
+}
+
 Task run(OpContext& ctx, const CollCall& call, Compressor& compressor) {
   if (call.count == 0) co_return Status();
   if (ctx.nranks() == 1) {
@@ -421,6 +432,15 @@ double predict_us(const algo::CostModel& m, CollKind coll, size_t bytes, const a
                   DataType dtype, const Settings& s) {
   const int n = shape.nranks;
   if (n <= 1) return 0;
+  if (coll == CollKind::kAllReduce && shape.hosts > 1 && shape.local > 1) {
+    // The hierarchical AllReduce with its cross-host stage compressed (algo/run.cc).
+    const algo::CostModel local = algo::within_host_model(m);
+    const algo::Shape host = algo::Shape::flat(shape.local);
+    return algo::predict_us(local, algo::Algo::kDirect, CollKind::kReduceScatter, bytes, host) +
+           predict_us(algo::across_model(m, shape), coll, bytes / shape.local,
+                      algo::Shape::flat(shape.hosts), dtype, s) +
+           algo::predict_us(local, algo::Algo::kDirect, CollKind::kAllGather, bytes, host);
+  }
   const double S = static_cast<double>(bytes), a = m.alpha_us;
   // A direct exchange: across hosts, a host's ranks share its link (tuner.h).
   const double wire = m.beta_gbps * 1e3 / algo::host_link_share(shape);  // bytes per us

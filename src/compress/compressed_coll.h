@@ -27,6 +27,13 @@ namespace chorus::compress {
 // Runs `call` (AllReduce, ReduceScatter or AllGather, checked by check_call) compressed.
 Task run(OpContext& ctx, const CollCall& call, Compressor& compressor);
 
+// The cross-host stage of the hierarchical AllReduce (algo/all_reduce_hier.cc), compressed:
+// an AllReduce of call.count elements among ctx's ranks (in place or not; call.op Sum, Max or
+// Min) that are elements [base, base + count) of the tensor whose residual is `residual` (null
+// without error feedback; from Compressor::begin_run, which the caller holds).
+Task all_reduce_part(OpContext& ctx, const CollCall& call, const Settings& s, float* residual,
+                     size_t base);
+
 // Bytes on the wire per byte of `dtype` data with `s` (e.g. 0.258 for fp32, block 128, fp32
 // scales).
 double wire_ratio(const Settings& s, DataType dtype);

@@ -151,6 +151,11 @@ TEST_CASE("AllReduce is bit-identical on every rank on hosts of 1 and 2 ranks", 
 TEST_CASE("compressed collectives over shared memory with 4 ranks", "[mp][shm][compress]") {
   run_workers(4, "SHM", "compressed");
 }
+// On simulated hosts a compressed AllReduce is the hierarchical one with an FP8 cross-host
+// stage: the same error bound, identical ranks, exact bytes within a host.
+TEST_CASE("compressed collectives on 2 hosts x 2 ranks", "[mp][hosts][compress]") {
+  run_workers(4, "AUTO", "compressed", {"CHORUS_TEST_HOST_OF=0,1,0,1"});
+}
 TEST_CASE("compressed collectives over shared memory with 8 ranks", "[mp][shm][compress]") {
   run_workers(8, "SHM", "compressed");
 }

@@ -20,7 +20,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <map>
+#include <string>
 #include <vector>
 
 #include "kernels/fp8/convert.h"
@@ -300,9 +303,48 @@ std::string check_compressed_matrix(ncclComm_t comm, uint64_t seed, bool large) 
   return failures;
 }
 
+namespace {
+
+// The host of every rank when the test simulates hosts (CHORUS_TEST_HOST_OF="0,1,0,1", as the
+// multi-process worker takes it), else empty (one host).
+std::vector<std::string> test_hosts(int n) {
+  std::vector<std::string> hosts;
+  const char* list = std::getenv("CHORUS_TEST_HOST_OF");
+  if (list == nullptr) return hosts;
+  std::string item;
+  for (const char* p = list;; ++p) {
+    if (*p == ',' || *p == '\0') {
+      hosts.push_back(item);
+      item.clear();
+      if (*p == '\0') break;
+    } else {
+      item += *p;
+    }
+  }
+  if (static_cast<int>(hosts.size()) != n) hosts.clear();
+  return hosts;
+}
+
+// Whether AllReduce runs hierarchically: several hosts with as many ranks each, two at least.
+bool hierarchical(const std::vector<std::string>& hosts) {
+  std::map<std::string, int> per_host;
+  for (const std::string& h : hosts) ++per_host[h];
+  if (per_host.size() < 2) return false;
+  for (const auto& [name, ranks] : per_host)
+    if (ranks != per_host.begin()->second || ranks < 2) return false;
+  return true;
+}
+
+}  // namespace
+
 std::string check_compressed_volume(ncclComm_t comm) {
   const Comm c = comm_info(comm);
   std::string failures;
+  // On several hosts a compressed AllReduce compresses only what crosses hosts (the
+  // hierarchical AllReduce's cross-host stage): a peer on this host gets exact bytes; of the
+  // others, some get none (they are not this rank's cross-host peers).
+  const std::vector<std::string> hosts = test_hosts(c.n);
+  const bool hier = hierarchical(hosts);
   const size_t count = 128 * 1024 * c.n;  // whole blocks in every shard
   std::vector<float> in(count * c.n, 0.5f), out(count * c.n);
   for (size_t i = 0; i < in.size(); ++i) in[i] = static_cast<float>(i % 1000) * 0.001f - 0.37f;
@@ -330,11 +372,21 @@ std::string check_compressed_volume(ncclComm_t comm) {
         res = chorusAllGatherCompressed(in.data(), out.data(), count / c.n, ncclFloat32, comp,
                                         comm, nullptr);
       if (res != ncclSuccess) return failures + call_error(kind_name(kind), res);
+      int compressed_peers = 0;
       for (int peer = 0; peer < c.n; ++peer) {
         if (peer == c.rank) continue;
         chorusByteCounters_t b{};
         if (chorusCommGetByteCounters(comm, peer, &b) != ncclSuccess)
           return failures + "chorusCommGetByteCounters failed\n";
+        if (hier && kind == Kind::kAllReduce) {
+          const bool same_host = hosts[peer] == hosts[c.rank];
+          if (same_host && (b.wireBytesSent != b.dataBytesSent || b.dataBytesSent == 0))
+            failures += fmt::format("AllReduce: peer {} on this host: wire {} / data {} bytes "
+                                    "sent; expected exact data\n", peer, b.wireBytesSent,
+                                    b.dataBytesSent);
+          if (same_host || b.dataBytesSent == 0) continue;
+          ++compressed_peers;
+        }
         double sent = static_cast<double>(b.wireBytesSent) / b.dataBytesSent;
         double received = static_cast<double>(b.wireBytesReceived) / b.dataBytesReceived;
         if (b.dataBytesSent == 0 || b.dataBytesReceived == 0 || !(sent <= lim.max_ratio) ||
@@ -346,6 +398,8 @@ std::string check_compressed_volume(ncclComm_t comm) {
               peer, b.wireBytesSent, b.dataBytesSent, sent, b.wireBytesReceived,
               b.dataBytesReceived, received, lim.max_ratio);
       }
+      if (hier && kind == Kind::kAllReduce && compressed_peers == 0)
+        failures += "AllReduce: no peer on another host got compressed data\n";
     }
     chorusCompressorDestroy(comp);
   }
