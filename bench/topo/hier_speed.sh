@@ -2,8 +2,8 @@
 # SPDX-License-Identifier: Apache-2.0
 # File: bench/topo/hier_speed.sh
 # The hierarchical AllReduce against the flat rings, on the multi-host test bed
-# (scripts/testbed.sh): H hosts (default 2) x 2 ranks, joined by one shaped link each (default
-# 1 Gbit/s), in one run:
+# (scripts/testbed.sh): H hosts (default 2) x 2 ranks, joined by R rails (default 1) of one
+# shaped link each (default 1 Gbit/s), in one run:
 #   1. raw TCP between host 0 and host 1 through the shaped link (bench/compress/tcp_rate.py):
 #      the most any collective can get out of it;
 #   2. all_reduce_perf (fp32 sum) four ways, ranks placed on alternating hosts (rank r on host
@@ -21,8 +21,10 @@
 #      of raw TCP's one-way rate, against the target (hierarchical >= 90 % of the link at 64 MiB).
 #
 #   hier_speed.sh [-B BUILD_DIR] [-b MIN] [-e MAX] [-f FACTOR] [-n ITERS] [-w WARMUP]
-#                 [--hosts H] [--rate RATE] [--mtu MTU] [--enforce]
-# Defaults: build/, 64M..64M, -n 5 -w 1, 2 hosts, 1gbit, MTU 1500. --enforce: exit 1 when the
+#                 [--hosts H] [--rails R] [--rate RATE] [--mtu MTU] [--enforce]
+# Defaults: build/, 64M..64M, -n 5 -w 1, 2 hosts, 1 rail, 1gbit, MTU 1500. With R rails the
+# ranks use them all (CHORUS_SOCKET_IFNAME=rail: the TCP transport puts local rank i's
+# cross-host pairs on rail i mod R), the link bound is R links, and raw TCP is one link's. --enforce: exit 1 when the
 # target is missed (off by default: two cores shared by four ranks and the kernel's TCP make
 # the figure depend on the machine's load).
 # Exit status: 0 done, 1 failure (or a missed target with --enforce), 77 skipped (needs root).
@@ -37,6 +39,7 @@ factor=2
 iters=5
 warmup=1
 hosts=2
+rails=1
 rate=1gbit
 mtu=1500
 enforce=0
@@ -49,6 +52,7 @@ while [ $# -gt 0 ]; do
     -n) iters=$2; shift 2 ;;
     -w) warmup=$2; shift 2 ;;
     --hosts) hosts=$2; shift 2 ;;
+    --rails) rails=$2; shift 2 ;;
     --rate) rate=$2; shift 2 ;;
     --mtu) mtu=$2; shift 2 ;;
     --enforce) enforce=1; shift ;;
@@ -80,16 +84,18 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-"$testbed" up --hosts "$hosts" --rails 1 --rate "$rate" > "$work/up.log" 2>&1 ||
+"$testbed" up --hosts "$hosts" --rails "$rails" --rate "$rate" > "$work/up.log" 2>&1 ||
   { cat "$work/up.log"; exit 1; }
 if [ "$mtu" != 1500 ]; then
   # Both ends of every link, and the bridge (it takes the smallest MTU of its ports).
   for ((h = 0; h < hosts; h++)); do
-    "$testbed" run "$h" ip link set rail0 mtu "$mtu"
-    ip netns exec "tbed-$TESTBED_NAME-s0" ip link set "h$h" mtu "$mtu"
+    for ((r = 0; r < rails; r++)); do
+      "$testbed" run "$h" ip link set "rail$r" mtu "$mtu"
+      ip netns exec "tbed-$TESTBED_NAME-s$r" ip link set "h$h" mtu "$mtu"
+    done
   done
 fi
-echo "# test bed: $hosts hosts x 1 rail, every link tbf $rate both ways, MTU $mtu"
+echo "# test bed: $hosts hosts x $rails rail(s), every link tbf $rate both ways, MTU $mtu"
 echo "# load average before: $(cut -d' ' -f1-3 /proc/loadavg), $(nproc) CPUs"
 
 # 1. Raw TCP, host 0 -> host 1 (and both ways at once).
@@ -107,6 +113,8 @@ echo "# raw TCP: one way $tcp_one GB/s, both ways at once $tcp_both GB/s per dir
 
 # 2. all_reduce_perf four ways.
 n=$((2 * hosts))
+ifname=rail0
+if [ "$rails" -gt 1 ]; then ifname=rail; fi
 args=(-b "$min" -e "$max" -f "$factor" -n "$iters" -w "$warmup" -c 1 -d float -o sum)
 names=(flat_ring host_ring hierarchical auto fp8_across)
 envs=("CHORUS_RING=RANK CHORUS_ALGO=allreduce:ring" "CHORUS_ALGO=allreduce:ring"
@@ -116,7 +124,7 @@ for i in "${!names[@]}"; do
   xs=(-x CHORUS_DEBUG=INFO -x CHORUS_DEBUG_SUBSYS=INIT)
   for kv in ${envs[$i]}; do xs+=(-x "$kv"); done
   echo "# ${names[$i]}: testbed.sh launch -n $n --placement cyclic ${xs[*]} all_reduce_perf ${args[*]}"
-  if ! "$testbed" launch -n "$n" --placement cyclic --chorus-run "$run" "${xs[@]}" \
+  if ! "$testbed" launch -n "$n" --placement cyclic --ifname "$ifname" --chorus-run "$run" "${xs[@]}" \
       "$perf" "${args[@]}" > "$work/${names[$i]}.txt" 2>&1; then
     status=1
   fi
@@ -130,9 +138,10 @@ link_gbps=$(awk -v r="$rate" 'BEGIN {
   v = r + 0; u = tolower(r); sub(/^[0-9.]+/, "", u)
   f = u == "gbit" ? 1e9 : u == "mbit" ? 1e6 : u == "kbit" ? 1e3 : 1
   printf "%.6f", v * f / 8 / 1e9 }')
+link_gbps=$(awk -v l="$link_gbps" -v r="$rails" 'BEGIN { printf "%.6f", l * r }')
 files=()
 for name in "${names[@]}"; do files+=("$work/$name.txt"); done
-awk -v link="$link_gbps" -v tcp="$tcp_one" -v enforce="$enforce" -v hosts="$hosts" '
+awk -v link="$link_gbps" -v tcp="$tcp_one" -v enforce="$enforce" -v hosts="$hosts" -v rails="$rails" '
   BEGIN { split("flat ring (rank order),host-aware ring,hierarchical,auto (tuner),hier. + FP8 across", label, ",") }
   FNR == 1 { file++ }
   /^#/ || NF < 13 || $1 !~ /^[0-9]+$/ { next }
@@ -146,14 +155,14 @@ awk -v link="$link_gbps" -v tcp="$tcp_one" -v enforce="$enforce" -v hosts="$host
     missed = 0
     for (i = 1; i <= n; i++) {
       s = sizes[i]
-      printf "\n%g MiB AllReduce, %d hosts x 2 ranks, link %.4f GB/s, raw TCP %s GB/s:\n", s / 1048576, hosts, link, tcp
+      printf "\n%g MiB AllReduce, %d hosts x 2 ranks, %d rail(s): links %.4f GB/s, raw TCP (one link) %s GB/s:\n", s / 1048576, hosts, rails, link, tcp
       printf "  %-24s %18s %12s %12s\n", "algorithm", "algbw GB/s", "of link", "of raw TCP"
       for (f = 1; f <= file; f++) {
         a = oop[f, s]
         printf "  %-24s %8.4f (%.4f) %11.1f%% %11.1f%%\n", label[f], a, inp[f, s], 100 * a / link,
                (tcp > 0 ? 100 * a / tcp : 0)
       }
-      if (s == 67108864 && hosts == 2) {
+      if (s == 67108864 && hosts == 2 && rails == 1) {
         h = oop[3, s] / link
         printf "  target: hierarchical >= 90%% of the link at 64 MiB: %s (%.1f%%)\n",
                (h >= 0.9 ? "met" : "MISSED"), 100 * h

@@ -118,4 +118,23 @@ Result<Interface> pick_interface() {
       spec, params::kSocketFamily.get(), describe(list));
 }
 
+Result<std::vector<Interface>> pick_rails() {
+  const std::string& spec = params::kSocketIfname.get();
+  CHORUS_ASSIGN_OR_RETURN(Interface first, pick_interface());
+  if (spec.empty()) return std::vector<Interface>{first};
+  CHORUS_ASSIGN_OR_RETURN(std::vector<Interface> list, list_interfaces(true));
+  std::vector<Interface> rails;
+  for (const auto& itf : list) {
+    if (!ifname_matches(spec, itf.name) || itf.loopback != first.loopback ||
+        itf.addr.family() != first.addr.family())
+      continue;
+    bool seen = false;
+    for (const auto& r : rails) seen |= r.name == itf.name;
+    if (!seen) rails.push_back(itf);
+  }
+  std::sort(rails.begin(), rails.end(),
+            [](const Interface& a, const Interface& b) { return a.name < b.name; });
+  return rails;
+}
+
 }  // namespace chorus::net

@@ -65,6 +65,11 @@ bool ifname_matches(std::string_view spec, std::string_view name);
 // interfaces that are up) when nothing matches; kSystemError when nothing is up at all.
 Result<Interface> pick_interface();
 
+// The rails: with CHORUS_SOCKET_IFNAME set, one address of every interface it matches (of
+// pick_interface()'s family and loopback-ness), in name order, so that hosts cabled alike
+// list their rails alike (rail0, rail1, ...); without it, pick_interface() alone.
+Result<std::vector<Interface>> pick_rails();
+
 // A listening TCP socket on `addr` (port 0: ephemeral): non-blocking, close-on-exec,
 // SO_REUSEADDR (IPV6_V6ONLY for IPv6). `bound` receives the address actually bound.
 Result<UniqueFd> listen_socket(const SockAddr& addr, SockAddr* bound, int backlog = 1024);

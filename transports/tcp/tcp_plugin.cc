@@ -1,10 +1,16 @@
 // SPDX-License-Identifier: Apache-2.0
 // File: transports/tcp/tcp_plugin.cc
-// The TCP transport as a plug-in: any two ranks that can reach each other's listener.
+// The TCP transport as a plug-in: any two ranks that can reach each other's listener, on the
+// rail their local indices choose when hosts have several (CHORUS_SOCKET_IFNAME matching
+// several interfaces: rail0,rail1).
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstring>
+#include <string>
+#include <vector>
 
+#include "common/log.h"
 #include "net/socket.h"
 #include "transports/registry.h"
 #include "transports/tcp/tcp_transport.h"
@@ -13,25 +19,55 @@ namespace chorus::tcp {
 
 namespace {
 
-// What a rank publishes: its listener's address (sockaddr bytes).
-Result<net::SockAddr> parse_blob(const EndpointInfo& info) {
-  net::SockAddr addr;
-  if (info.blob.empty() || info.blob.size() > sizeof(addr.storage))
-    return remote_error("{} published a bad TCP address ({} bytes)", info.describe(), info.blob.size());
-  std::memcpy(&addr.storage, info.blob.data(), info.blob.size());
-  addr.len = static_cast<socklen_t>(info.blob.size());
-  return addr;
+// What a rank publishes: its listener's address on each of its rails (net::pick_rails()), as
+// a count byte and, per rail, a length byte and the sockaddr bytes.
+std::string make_blob(const std::vector<net::SockAddr>& rails) {
+  std::string blob(1, static_cast<char>(rails.size()));
+  for (const net::SockAddr& a : rails) {
+    blob += static_cast<char>(a.len);
+    blob.append(reinterpret_cast<const char*>(&a.storage), a.len);
+  }
+  return blob;
+}
+
+Result<std::vector<net::SockAddr>> parse_blob(const EndpointInfo& info) {
+  auto bad = [&] {
+    return remote_error("{} published a bad TCP address ({} bytes)", info.describe(),
+                        info.blob.size());
+  };
+  std::vector<net::SockAddr> rails;
+  if (info.blob.empty()) return bad();
+  const size_t n = static_cast<unsigned char>(info.blob[0]);
+  size_t at = 1;
+  for (size_t i = 0; i < n; ++i) {
+    net::SockAddr addr;
+    if (at >= info.blob.size()) return bad();
+    const size_t len = static_cast<unsigned char>(info.blob[at++]);
+    if (len == 0 || len > sizeof(addr.storage) || info.blob.size() - at < len) return bad();
+    std::memcpy(&addr.storage, info.blob.data() + at, len);
+    addr.len = static_cast<socklen_t>(len);
+    at += len;
+    rails.push_back(addr);
+  }
+  if (rails.empty() || at != info.blob.size()) return bad();
+  return rails;
+}
+
+// Rank r's index among its host's ranks.
+int local_index(const std::vector<EndpointInfo>& all, int r) {
+  int l = 0;
+  for (int q = 0; q < r; ++q) l += all[q].same_host(all[r]) ? 1 : 0;
+  return l;
 }
 
 class TcpInstance final : public TransportInstance {
  public:
-  TcpInstance(const TransportContext& ctx, std::unique_ptr<TcpListener> listener)
-      : ctx_(ctx), listener_(std::move(listener)) {}
+  TcpInstance(const TransportContext& ctx, std::unique_ptr<TcpListener> listener,
+              std::vector<net::SockAddr> rails, std::vector<std::string> rail_names)
+      : ctx_(ctx), listener_(std::move(listener)), rails_(std::move(rails)),
+        rail_names_(std::move(rail_names)) {}
 
-  std::string blob() const override {
-    const net::SockAddr& a = listener_->address();
-    return std::string(reinterpret_cast<const char*>(&a.storage), a.len);
-  }
+  std::string blob() const override { return make_blob(rails_); }
 
   Result<ConnectionTable> connect(const std::vector<EndpointInfo>& all,
                                   const std::vector<int>& peers, Deadline deadline) override {
@@ -43,10 +79,19 @@ class TcpInstance final : public TransportInstance {
     setup.bounce_bytes = static_cast<size_t>(params::kTcpBounceBytes.get());
     setup.listener = listener_.get();
     setup.deadline = deadline;
+    const int me = local_index(all, ctx_.rank);
     for (int r : peers) {
-      CHORUS_ASSIGN_OR_RETURN(net::SockAddr addr, parse_blob(all[r]));
+      CHORUS_ASSIGN_OR_RETURN(std::vector<net::SockAddr> theirs, parse_blob(all[r]));
+      // Rail-aligned: ranks of one local index on different hosts (the hierarchical
+      // algorithms' cross-host pairs) talk on rail <local index>; other pairs on the rail of
+      // the smaller local index. Rails count on both sides (hosts cabled alike).
+      const int rails = static_cast<int>(std::min(theirs.size(), rails_.size()));
+      const int rail = std::min(me, local_index(all, r)) % rails;
+      if (rails > 1)
+        CHORUS_INFO(kNet, "tcp: rank {} reaches rank {} on rail {} ({} -> {})", ctx_.rank, r,
+                    rail, rail_names_[rail], theirs[rail].to_string());
       setup.peers.push_back(
-          TcpPeer{r, addr, fmt::format("host {}, pid {}", all[r].hostname, all[r].pid)});
+          TcpPeer{r, theirs[rail], fmt::format("host {}, pid {}", all[r].hostname, all[r].pid)});
     }
     if (setup.peers.empty()) return ConnectionTable();
     return connect_all(setup);
@@ -55,12 +100,32 @@ class TcpInstance final : public TransportInstance {
  private:
   TransportContext ctx_;
   std::unique_ptr<TcpListener> listener_;
+  std::vector<net::SockAddr> rails_;  // the listener's address on each rail
+  std::vector<std::string> rail_names_;
 };
 
 Result<std::unique_ptr<TransportInstance>> open(const TransportContext& ctx) {
-  CHORUS_ASSIGN_OR_RETURN(net::Interface iface, net::pick_interface());
-  CHORUS_ASSIGN_OR_RETURN(std::unique_ptr<TcpListener> listener, TcpListener::create(iface.addr));
-  return std::unique_ptr<TransportInstance>(new TcpInstance(ctx, std::move(listener)));
+  CHORUS_ASSIGN_OR_RETURN(std::vector<net::Interface> ifaces, net::pick_rails());
+  std::vector<net::SockAddr> rails;
+  std::vector<std::string> names;
+  std::unique_ptr<TcpListener> listener;
+  if (ifaces.size() == 1) {
+    CHORUS_ASSIGN_OR_RETURN(listener, TcpListener::create(ifaces[0].addr));
+    rails.push_back(listener->address());
+  } else {
+    // One listener for every rail: the wildcard address of their family, on one port.
+    const bool v6 = ifaces[0].addr.family() == AF_INET6;
+    CHORUS_ASSIGN_OR_RETURN(net::SockAddr any, net::SockAddr::parse(v6 ? "::" : "0.0.0.0", 0));
+    CHORUS_ASSIGN_OR_RETURN(listener, TcpListener::create(any));
+    for (const net::Interface& itf : ifaces) {
+      net::SockAddr a = itf.addr;
+      a.set_port(listener->address().port());
+      rails.push_back(a);
+    }
+  }
+  for (const net::Interface& itf : ifaces) names.push_back(itf.name);
+  return std::unique_ptr<TransportInstance>(
+      new TcpInstance(ctx, std::move(listener), std::move(rails), std::move(names)));
 }
 
 }  // namespace
