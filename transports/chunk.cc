@@ -24,6 +24,7 @@ struct PeerLink::SplitSend {
   SendRequest* parent = nullptr;
   std::vector<SendChunk*> chunks;
   size_t remaining = 0;
+  size_t posted = 0;  // chunks[0, posted) are on paths (ADAPTIVE posts them as paths free up)
   bool failed = false;
 };
 
@@ -60,12 +61,15 @@ bool same_call(const RecvRequest& req, const MsgTag& tag) {
 
 }  // namespace
 
-PeerLink::PeerLink(int my_rank, int peer, std::vector<Connection*> paths, size_t chunk_bytes)
+PeerLink::PeerLink(int my_rank, int peer, std::vector<Connection*> paths, size_t chunk_bytes,
+                   bool adaptive)
     : my_rank_(my_rank),
       peer_(peer),
       paths_(std::move(paths)),
       chunk_bytes_(chunk_bytes),
+      adaptive_(adaptive),
       stats_(paths_.size()),
+      load_(paths_.size()),
       active_chunk_(paths_.size(), nullptr),
       active_whole_(paths_.size(), nullptr) {}
 
@@ -87,6 +91,7 @@ void PeerLink::post_send(SendRequest* req) {
   SplitSend* split = split_pool_.take();
   split->parent = req;
   split->remaining = n_chunks;
+  split->posted = 0;
   split->failed = false;
   split->chunks.clear();
   req->posted_ns = now_ns();
@@ -111,7 +116,67 @@ void PeerLink::post_send(SendRequest* req) {
   }
   // Posted after the split is complete: a path may complete a chunk at once (direct memory).
   splits_.push_back(split);
+  if (adaptive_) {
+    dispatch();
+    return;
+  }
+  split->posted = split->chunks.size();
   for (SendChunk* c : split->chunks) paths_[c->path]->post_send(&c->req);
+}
+
+int PeerLink::choose_path(uint64_t bytes, int64_t now) {
+  // Each path's backlog and rate: the chunks posted on it, plus what its transport has handed
+  // to the network and not seen acknowledged, at the rate the network delivers (TCP: SIOCOUTQ
+  // and TCP_INFO); else the chunks alone at the rate they complete.
+  double best_rate = 0;
+  for (size_t p = 0; p < paths_.size(); ++p) {
+    Connection::PathState ps;
+    PathLoad& l = load_[p];
+    l.network_bytes = 0;
+    if (paths_[p]->path_state(&ps)) {
+      l.network_bytes = ps.unacked_bytes;
+      if (ps.delivery_rate > 0) stats_[p].rate = ps.delivery_rate;
+    }
+    best_rate = std::max(best_rate, stats_[p].rate);
+  }
+  int best = -1;
+  double best_finish = 0;
+  for (size_t p = 0; p < paths_.size(); ++p) {
+    PathStats& st = stats_[p];
+    const PathLoad& l = load_[p];
+    // Unmeasured, or idle for a while: assume it as fast as the best (probe it).
+    const bool idle = l.chunks == 0 && l.network_bytes == 0;
+    if (st.rate <= 0 || (idle && now - l.last_post_ns > kProbeNs && st.rate < best_rate))
+      st.rate = best_rate > 0 ? best_rate : 1.0;
+    const double finish = static_cast<double>(l.bytes + l.network_bytes + bytes) / st.rate;
+    if (best < 0 || finish < best_finish) {
+      best = static_cast<int>(p);
+      best_finish = finish;
+    }
+  }
+  // The path that would finish it first is busy: the chunk waits for it.
+  return load_[best].chunks < kWindow ? best : -1;
+}
+
+bool PeerLink::dispatch() {
+  bool moved = false;
+  const int64_t now = now_ns();
+  for (SplitSend* s : splits_) {
+    while (s->posted < s->chunks.size()) {
+      SendChunk* c = s->chunks[s->posted];
+      const int p = choose_path(c->req.bytes, now);
+      if (p < 0) return moved;
+      c->path = static_cast<size_t>(p);
+      c->req.posted_ns = now;
+      load_[p].chunks += 1;
+      load_[p].bytes += c->req.bytes;
+      load_[p].last_post_ns = now;
+      ++s->posted;
+      moved = true;
+      paths_[p]->post_send(&c->req);
+    }
+  }
+  return moved;
 }
 
 void PeerLink::post_recv(RecvRequest* req) {
@@ -130,6 +195,7 @@ bool PeerLink::progress() {
   for (Connection* c : paths_) moved |= c->progress();
   moved |= reap_recvs();
   moved |= reap_sends();
+  if (adaptive_ && error_.ok()) moved |= dispatch();
   for (size_t p = 0; p < paths_.size() && error_.ok(); ++p) {
     // One receive posted per path at a time: the next message is looked at once it is done.
     while (active_chunk_[p] == nullptr && active_whole_[p] == nullptr && !pending_.empty() &&
@@ -300,11 +366,32 @@ bool PeerLink::reap_sends() {
       --s->remaining;
       if (c->req.failed()) {
         s->failed = true;
+        if (adaptive_) {
+          load_[c->path].chunks -= 1;
+          load_[c->path].bytes -= c->req.bytes;
+        }
         continue;
       }
-      stats_[c->path].chunks += 1;
-      stats_[c->path].bytes += c->req.bytes;
-      stats_[c->path].busy_ns += now - c->req.posted_ns;
+      PathStats& st = stats_[c->path];
+      st.chunks += 1;
+      st.bytes += c->req.bytes;
+      st.busy_ns += now - c->req.posted_ns;
+      st.sent_chunks += 1;
+      st.sent_bytes += c->req.bytes;
+      if (adaptive_) {
+        // The chunk's service time: from when it reached the head of the path's queue (its
+        // posting, or the previous completion on the path, whichever is later).
+        PathLoad& l = load_[c->path];
+        const int64_t start = std::max(c->req.posted_ns, l.last_done_ns);
+        const double sample =
+            static_cast<double>(c->req.bytes) / static_cast<double>(std::max<int64_t>(now - start, 1000));
+        Connection::PathState ps;
+        if (!paths_[c->path]->path_state(&ps) || ps.delivery_rate <= 0)
+          st.rate = st.rate > 0 ? 0.75 * st.rate + 0.25 * sample : sample;
+        l.last_done_ns = now;
+        l.chunks -= 1;
+        l.bytes -= c->req.bytes;
+      }
       if (s->parent != nullptr) s->parent->bytes_done.fetch_add(c->req.bytes, std::memory_order_relaxed);
     }
     if (s->remaining > 0) {
@@ -349,6 +436,12 @@ void PeerLink::fail(Status status) {
     pending_pool_.give(pr);
   }
   for (SplitSend* split : splits_) {
+    // Chunks never posted are done with: the split retires once the posted ones are let go.
+    for (size_t i = split->posted; i < split->chunks.size(); ++i) {
+      split->chunks[i]->counted = true;
+      --split->remaining;
+    }
+    split->posted = split->chunks.size();
     if (split->parent == nullptr) continue;
     split->parent->fail();
     split->parent = nullptr;

@@ -23,8 +23,19 @@
 // ncclInvalidUsage text naming both calls, as a message out of posting order did before.
 //
 // Chunks of a split message complete with timestamps: the parent request's posted_ns and
-// done_ns, and per path the bytes, chunks and busy time (path_stats), from which a router can
-// tell a slow path from a fast one.
+// done_ns, and per path the bytes, chunks and busy time (path_stats).
+//
+// Routing (CHORUS_ROUTE). STATIC: a split message's chunks are striped evenly over the paths,
+// all posted at once. ADAPTIVE (the default): chunks wait in the link and each goes, in order,
+// to the path expected to finish it first, (bytes in flight on the path + the chunk) / the
+// path's rate, with at most kWindow chunks in flight per path, so that a path that slows down
+// (a shaped or congested rail) gets fewer chunks within a few chunk times. A path's backlog
+// counts the bytes its transport has handed to the network and not seen acknowledged, and its
+// rate is the network's delivery rate, when the transport tells (Connection::path_state: TCP's
+// SIOCOUTQ and TCP_INFO); otherwise an EWMA of its completed chunks' service rates (bytes over
+// the time from when the chunk reached the head of the path's queue to its completion). A path
+// left idle for kProbeNs gets its rate estimate raised to the best path's, so it is tried
+// again when it recovers.
 //
 // Not thread-safe: one thread at a time (the comm's driver) posts and progresses.
 #pragma once
@@ -45,11 +56,16 @@ class PeerLink {
     uint64_t chunks = 0;   // chunks of split messages that completed on this path
     uint64_t bytes = 0;    // their bytes
     int64_t busy_ns = 0;   // sum over them of completion minus posting time
+    uint64_t sent_chunks = 0, sent_bytes = 0;  // of them, those this side sent
+    double rate = 0;       // ADAPTIVE: the estimated send rate, bytes per ns (0: not measured)
   };
+  static constexpr int kWindow = 2;
+  static constexpr int64_t kProbeNs = 200'000'000;
 
   // `paths`: the connections to `peer`, one per channel (not owned; they outlive the link).
   // Messages longer than `chunk_bytes` are split when there are several paths.
-  PeerLink(int my_rank, int peer, std::vector<Connection*> paths, size_t chunk_bytes);
+  PeerLink(int my_rank, int peer, std::vector<Connection*> paths, size_t chunk_bytes,
+           bool adaptive = true);
   ~PeerLink();
   PeerLink(const PeerLink&) = delete;
   PeerLink& operator=(const PeerLink&) = delete;
@@ -84,6 +100,9 @@ class PeerLink {
   bool post_chunk(size_t p, PendingRecv* pending, const MsgTag& tag, uint64_t bytes);
   bool reap_sends();
   bool reap_recvs();
+  // ADAPTIVE: posts waiting chunks on the paths that will finish them first. True if any.
+  bool dispatch();
+  int choose_path(uint64_t bytes, int64_t now);
   void fail(Status status);
   // Objects reused from message to message: stable addresses, no allocation after warm-up.
   // take() hands out a used one as it was left; the caller sets every field it reads.
@@ -107,8 +126,19 @@ class PeerLink {
   const int peer_;
   const std::vector<Connection*> paths_;
   const size_t chunk_bytes_;
+  const bool adaptive_;
   Status error_;
   std::vector<PathStats> stats_;
+  // ADAPTIVE, per path: chunks and bytes posted and not yet complete, when the last one
+  // completed, when one was last posted.
+  struct PathLoad {
+    int chunks = 0;
+    uint64_t bytes = 0;
+    int64_t last_done_ns = 0;
+    int64_t last_post_ns = 0;
+    uint64_t network_bytes = 0;  // handed to the network, not acknowledged (path_state)
+  };
+  std::vector<PathLoad> load_;
 
   // Receives posted and not yet complete: whole messages posted on a path (`direct`), or
   // messages whose chunks are being matched.

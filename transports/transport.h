@@ -177,6 +177,18 @@ class Connection {
   // on both sides) instead of a bare "connection closed". Only possible between messages; the
   // connection is unusable afterwards.
   virtual void farewell(const Status& why) { (void)why; }
+  // What the network holds of this connection's sends, for routing chunks (transports/chunk.h):
+  // bytes handed to the kernel and not yet acknowledged by the peer, and the rate at which the
+  // peer has lately been acknowledging them (bytes per ns; 0: not measured yet). False when
+  // the transport cannot tell (the chunk layer then judges a path by its completions alone).
+  struct PathState {
+    uint64_t unacked_bytes = 0;
+    double delivery_rate = 0;
+  };
+  virtual bool path_state(PathState* out) const {
+    (void)out;
+    return false;
+  }
 
  protected:
   Connection(int peer, int channel) : peer_(peer), channel_(channel) {}

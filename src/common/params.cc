@@ -130,6 +130,10 @@ StringParam kTunerFile("TUNER_FILE", nullptr, "", nullptr,
                        "cost-model parameters to use instead of measuring (see chorus-info --tune)");
 StringParam kKernels("KERNELS", nullptr, "AUTO", "AUTO,SCALAR,AVX2,AVX512",
                      "reduction kernel table (AUTO: the best the CPU supports)");
+StringParam kRoute("ROUTE", nullptr, "ADAPTIVE", "ADAPTIVE,STATIC",
+                   "how a message split over several paths to a peer (CHORUS_NCHANNELS > 1) "
+                   "places its chunks: ADAPTIVE sends each on the path expected to finish it "
+                   "first (bytes queued / measured rate); STATIC stripes them evenly");
 StringParam kRing("RING", nullptr, "HOST", "HOST,RANK",
                   "order of the ring algorithms: HOST keeps each host's ranks adjacent (the ring "
                   "crosses between hosts once per host), RANK follows rank order");
@@ -159,7 +163,7 @@ const std::vector<Param*>& all() {
       &kIbHca, &kIbAddrFamily, &kIbGidIndex, &kIbTimeout, &kIbRetryCnt, &kIbTc, &kIbSl, &kIbSlots, &kIbSlotBytes, &kIbRdvBytes, &kIbQpsPerConnection, &kTimeoutMs,   &kSpinUs,       &kLivenessMs,
       &kFlightRecorderOps, &kCommBlocking,
       &kAlgo,         &kChunkBytes,    &kTuner,        &kTunerFile,   &kKernels,
-      &kRegCacheBytes, &kRing, &kCompress, &kCompressPolicy, &kCompressMinBytes, &kCompressBlock,
+      &kRegCacheBytes, &kRing, &kRoute, &kCompress, &kCompressPolicy, &kCompressMinBytes, &kCompressBlock,
       &kCompressScale,
   };
   return list;

@@ -138,6 +138,7 @@ extern IntParam kChunkBytes;
 extern StringParam kTuner;
 extern StringParam kTunerFile;
 extern StringParam kRing;
+extern StringParam kRoute;
 extern StringParam kCompress;
 extern StringParam kCompressPolicy;
 extern IntParam kCompressMinBytes;

@@ -344,7 +344,8 @@ Status Comm::connect_transports(const std::vector<PeerInfo>& infos) {
     if (r != rank()) {
       std::vector<Connection*> paths;
       for (auto& c : conns_[r]) paths.push_back(c.get());
-      links_[r] = std::make_unique<PeerLink>(rank(), r, std::move(paths), chunk_bytes);
+      links_[r] = std::make_unique<PeerLink>(rank(), r, std::move(paths), chunk_bytes,
+                                             params::kRoute.get() != "STATIC");
     }
     // A same-host process can die silently (its shared memory stays mapped): watch it.
     if (r != rank() && infos[r].host_hash == infos[rank()].host_hash && infos[r].pid != infos[rank()].pid)

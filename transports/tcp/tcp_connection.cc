@@ -4,10 +4,15 @@
 // receives straight into the destination, or through a bounce buffer for reducing receives.
 #include "transports/tcp/tcp_connection.h"
 
+#include <linux/sockios.h>
+#include <netinet/in.h>
+#include <linux/tcp.h>  // tcp_info with tcpi_delivery_rate (glibc's is older)
 #include <poll.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 
 #include <algorithm>
+#include <cstddef>
 #include <cerrno>
 #include <cstring>
 
@@ -351,6 +356,20 @@ void TcpConnection::fail_all(Status status) {
   set_error(std::move(status));
   sends_.fail_all();
   recvs_.fail_all();
+}
+
+bool TcpConnection::path_state(PathState* out) const {
+  int queued = 0;
+  if (ioctl(fd_.get(), SIOCOUTQ, &queued) != 0) return false;
+  tcp_info info{};
+  socklen_t len = sizeof(info);
+  if (getsockopt(fd_.get(), IPPROTO_TCP, TCP_INFO, &info, &len) != 0) return false;
+  out->unacked_bytes = static_cast<uint64_t>(std::max(queued, 0));
+  // tcpi_delivery_rate (Linux 4.9): bytes per second over the last round trip's deliveries.
+  out->delivery_rate = len >= offsetof(tcp_info, tcpi_delivery_rate) + sizeof(info.tcpi_delivery_rate)
+                           ? static_cast<double>(info.tcpi_delivery_rate) / 1e9
+                           : 0;
+  return true;
 }
 
 }  // namespace chorus::tcp

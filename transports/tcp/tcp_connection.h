@@ -54,6 +54,8 @@ class TcpConnection final : public Connection {
   bool peek(MsgTag* tag, uint64_t* bytes) override;
   const char* transport_name() const override { return "tcp"; }
   void farewell(const Status& why) override;
+  // SIOCOUTQ and TCP_INFO's delivery rate.
+  bool path_state(PathState* out) const override;
 
  private:
   static constexpr size_t kMaxBatch = 16;  // send requests gathered into one sendmsg()

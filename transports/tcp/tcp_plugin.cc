@@ -85,13 +85,22 @@ class TcpInstance final : public TransportInstance {
       // Rail-aligned: ranks of one local index on different hosts (the hierarchical
       // algorithms' cross-host pairs) talk on rail <local index>; other pairs on the rail of
       // the smaller local index. Rails count on both sides (hosts cabled alike).
+      // With several channels, channel c takes the c-th rail from there: a peer's paths
+      // (transports/chunk.h) then cross different links.
       const int rails = static_cast<int>(std::min(theirs.size(), rails_.size()));
       const int rail = std::min(me, local_index(all, r)) % rails;
-      if (rails > 1)
-        CHORUS_INFO(kNet, "tcp: rank {} reaches rank {} on rail {} ({} -> {})", ctx_.rank, r,
-                    rail, rail_names_[rail], theirs[rail].to_string());
-      setup.peers.push_back(
-          TcpPeer{r, theirs[rail], fmt::format("host {}, pid {}", all[r].hostname, all[r].pid)});
+      TcpPeer peer{r, theirs[rail], fmt::format("host {}, pid {}", all[r].hostname, all[r].pid), {}};
+      if (rails > 1) {
+        std::string used;
+        for (int c = 0; c < ctx_.channels; ++c) {
+          const int k = (rail + c) % rails;
+          peer.channel_addr.push_back(theirs[k]);
+          used += fmt::format("{}{}", c == 0 ? "" : ", ", rail_names_[k]);
+        }
+        CHORUS_INFO(kNet, "tcp: rank {} reaches rank {} ({}) on rail(s) {}", ctx_.rank, r,
+                    theirs[rail].to_string(), used);
+      }
+      setup.peers.push_back(std::move(peer));
     }
     if (setup.peers.empty()) return ConnectionTable();
     return connect_all(setup);

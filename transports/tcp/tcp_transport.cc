@@ -137,7 +137,8 @@ Result<TcpConnections> Connector::run() {
       link->phase = Link::Phase::kWaitRetry;
       link->peer_idx = i;
       link->channel = c;
-      link->addr = setup_.peers[i].addr;
+      const TcpPeer& peer = setup_.peers[i];
+      link->addr = peer.channel_addr.empty() ? peer.addr : peer.channel_addr[c];
       links_.push_back(std::move(link));
     }
   }

@@ -42,6 +42,9 @@ struct TcpPeer {
   int rank = -1;
   net::SockAddr addr;  // its TcpListener::address()
   std::string label;   // e.g. "host node7, pid 1234": names the peer in errors with its address
+  // Where channel c connects when it differs from `addr` (the peer's other rails): empty, or
+  // one address per channel.
+  std::vector<net::SockAddr> channel_addr;
 };
 
 struct TcpSetup {
