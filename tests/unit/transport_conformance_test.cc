@@ -270,11 +270,13 @@ constexpr size_t kChunk = 64 << 10;
 
 // Both ends of a pair as the chunk layer sees them.
 struct Links {
-  explicit Links(Pair& p, size_t chunk0 = kChunk, size_t chunk1 = kChunk) : pair(p) {
+  explicit Links(Pair& p, size_t chunk0 = kChunk, size_t chunk1 = kChunk, bool adaptive = true)
+      : pair(p) {
     for (int r = 0; r < 2; ++r) {
       std::vector<Connection*> paths;
       for (auto& c : pair.conns[r][0]) paths.push_back(c.get());
-      link[r] = std::make_unique<PeerLink>(r, 1 - r, std::move(paths), r == 0 ? chunk0 : chunk1);
+      link[r] = std::make_unique<PeerLink>(r, 1 - r, std::move(paths), r == 0 ? chunk0 : chunk1,
+                                           adaptive);
     }
   }
   // The connections go first: they may hold the links' chunks (as in Comm::close_connections).
@@ -311,41 +313,45 @@ std::vector<float> random_floats(size_t n, uint32_t seed) {
 
 TEST_CASE("every transport: a message cut into chunks over three paths arrives whole",
           "[unit][transport][chunk]") {
-  for_each_transport([](const std::string& name, Pair& pair) {
-    INFO(name);
-    Links l(pair);
-    const size_t count = (size_t{1} << 18) + 3;  // 16 chunks and a short 17th
-    std::vector<float> sent = random_floats(count, 1), got(count, -1.0f);
-    SendRequest s;
-    s.buf = sent.data();
-    s.bytes = count * sizeof(float);
-    s.tag = message_tag(7, count, 1, 0);
-    RecvRequest r;
-    r.dst = got.data();
-    r.bytes = s.bytes;
-    r.tag = message_tag(7, count, 1, 0);
-    l.link[1]->post_recv(&r);
-    l.link[0]->post_send(&s);
-    REQUIRE(drive_links(l, {&s, &r}));
-    REQUIRE_FALSE(s.failed());
-    REQUIRE_FALSE(r.failed());
-    CHECK(got == sent);
-    CHECK(r.bytes_done.load() == r.bytes);
-    CHECK(s.bytes_done.load() == s.bytes);
-    // Every path carried chunks, both ways counted, and the completions carry their times.
-    uint64_t bytes = 0;
-    for (size_t p = 0; p < kPaths; ++p) {
-      CHECK(l.link[0]->path_stats(p).chunks >= 5);
-      CHECK(l.link[1]->path_stats(p).chunks >= 5);
-      bytes += l.link[1]->path_stats(p).bytes;
-    }
-    CHECK(bytes == r.bytes);
-    CHECK(r.posted_ns > 0);
-    CHECK(r.done_ns >= r.posted_ns);
-    CHECK(s.done_ns >= s.posted_ns);
-    CHECK(l.link[0]->idle());
-    CHECK(l.link[1]->idle());
-  }, kPaths);
+  for (bool adaptive : {false, true}) {
+    for_each_transport([adaptive](const std::string& name, Pair& pair) {
+      INFO(name << (adaptive ? ", adaptive routing" : ", static striping"));
+      Links l(pair, kChunk, kChunk, adaptive);
+      const size_t count = (size_t{1} << 18) + 3;  // 16 chunks and a short 17th
+      std::vector<float> sent = random_floats(count, 1), got(count, -1.0f);
+      SendRequest s;
+      s.buf = sent.data();
+      s.bytes = count * sizeof(float);
+      s.tag = message_tag(7, count, 1, 0);
+      RecvRequest r;
+      r.dst = got.data();
+      r.bytes = s.bytes;
+      r.tag = message_tag(7, count, 1, 0);
+      l.link[1]->post_recv(&r);
+      l.link[0]->post_send(&s);
+      REQUIRE(drive_links(l, {&s, &r}));
+      REQUIRE_FALSE(s.failed());
+      REQUIRE_FALSE(r.failed());
+      CHECK(got == sent);
+      CHECK(r.bytes_done.load() == r.bytes);
+      CHECK(s.bytes_done.load() == s.bytes);
+      // Every path carried chunks (striped: a third each; adaptive: as fast as each went, the
+      // first round on every path), both ways counted, and the completions carry their times.
+      uint64_t bytes = 0;
+      for (size_t p = 0; p < kPaths; ++p) {
+        CHECK(l.link[0]->path_stats(p).chunks >= (adaptive ? 1u : 5u));
+        CHECK(l.link[1]->path_stats(p).chunks == l.link[0]->path_stats(p).chunks);
+        CHECK(l.link[0]->path_stats(p).sent_chunks == l.link[0]->path_stats(p).chunks);
+        bytes += l.link[1]->path_stats(p).bytes;
+      }
+      CHECK(bytes == r.bytes);
+      CHECK(r.posted_ns > 0);
+      CHECK(r.done_ns >= r.posted_ns);
+      CHECK(s.done_ns >= s.posted_ns);
+      CHECK(l.link[0]->idle());
+      CHECK(l.link[1]->idle());
+    }, kPaths);
+  }
 }
 
 TEST_CASE("every transport: receives match by message, not by posting order",
