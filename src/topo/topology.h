@@ -19,7 +19,8 @@ struct Nic {
   std::string name;          // eth0, mlx5_0
   bool openfabrics = false;  // an RDMA device (verbs) rather than a network interface
   std::string pci_bus_id;    // "0000:00:03.0"; empty for virtual devices (lo, rxe over veth)
-  std::string pci_device;    // the PCI device's name as hwloc knows it (may be empty)
+  std::string pci_device;    // the PCI device's name (from a topology XML; load_summary()
+                             // of this host leaves it empty: no pci.ids lookup)
   float pci_link_gbps = 0;   // PCI link speed in GB/s as hwloc reports it (0: unknown)
   // Locality: the NUMA nodes (OS indices) and package (OS index) of the device's closest
   // non-I/O ancestor. A device attached above the packages is local to the package its CPUs
