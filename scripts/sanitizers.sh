@@ -7,7 +7,7 @@
 #   asan  gcc -fsanitize=address,undefined (LeakSanitizer on), build-asan: the core suite
 #   tsan  gcc -fsanitize=thread, build-tsan: a smaller core suite (TSan is 5-15x slower)
 #   fuzz  clang libFuzzer + ASan/UBSan, build-fuzz: every committed corpus input once, then each
-#         target for CHORUS_FUZZ_SECONDS seconds (default 20); tests/fuzz/README.md
+#         target for CHORUS_FUZZ_SECONDS seconds (default 12); tests/fuzz/README.md
 #
 # Environment: CHORUS_FUZZ_SECONDS; CHORUS_SAN_JOBS (build and ctest parallelism, default
 # nproc). Benchmarks and examples are not built. Any sanitizer report fails the test that
@@ -17,7 +17,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
 jobs=${CHORUS_SAN_JOBS:-$(nproc)}
-fuzz_seconds=${CHORUS_FUZZ_SECONDS:-20}
+fuzz_seconds=${CHORUS_FUZZ_SECONDS:-12}
 supp=$root/tests/sanitizers
 
 stages=("$@")
@@ -54,8 +54,13 @@ done
 #     compressed checks that share state across threads (volume counters, error feedback, the
 #     transparent mode, the matrix over TCP) still run;
 #   - ASan: of those matrices, the one on threads (2-8 ranks, 3.5 minutes under ASan) and the
-#     processes with 8 ranks: the same codec, kind and count cases run in processes with 4 ranks
-#     over shared memory and 3 over TCP, and the normal stage runs them all;
+#     processes over shared memory (40-100 s each): the same codec, kind and count cases run in
+#     processes over TCP with 3 ranks (the flat compressed algorithms) and on 2 x 2 simulated
+#     hosts (the hierarchical one, shared memory within the hosts), and the normal stage runs
+#     them all;
+#   - ASan: the ring and chain split over several channels on threads (90 s): the multi-process
+#     matrices with chunks over 3 paths (TCP, shared memory) run the chunk layer's splitting
+#     under ASan, TSan runs it for the threads;
 #   - both: the repeats among the tests on simulated hosts (mp:*hosts*): ASan keeps the matrix
 #     with the hierarchical algorithms forced on 3 x 2 hosts, the pipelined AllReduce and the
 #     compressed collectives on 2 x 2 hosts (the other shapes run the same code with other
@@ -77,7 +82,7 @@ core_labels='^(unit|ranks|mp)$'
 not_instrumented='^(abi|install|example|netns|launcher|layers|tools):'
 default_matrix='^ranks:.* matrix with [0-9]+ ranks$'
 second_rank_count='^mp:multi-process matrix (over shared memory with 4|over TCP with 2|over UCX \(tcp\) with 2|over UCX \(shared memory\) with 4) ranks$'
-compress_repeats='^(ranks:compressed collectives are within|mp:compressed collectives over shared memory with 8 ranks)'
+compress_repeats='^(ranks:compressed collectives are within|mp:compressed collectives over shared memory|ranks:ring and chain split over several channels$)'
 host_repeats='^mp:(AllReduce is bit-identical on every rank on .*(hosts|ranks)$|multi-process matrix on 2 hosts x 2 ranks$|multi-process matrix, hierarchical algorithms forced, on 2 hosts x 3 ranks$)'
 host_tsan='^mp:(hierarchical AllReduce in pipelined pieces|compressed collectives on 2 hosts)'
 asan_exclude="$not_instrumented|$default_matrix|$second_rank_count|$compress_repeats|$host_repeats"
