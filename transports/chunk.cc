@@ -133,9 +133,11 @@ int PeerLink::choose_path(uint64_t bytes, int64_t now) {
     Connection::PathState ps;
     PathLoad& l = load_[p];
     l.network_bytes = 0;
+    l.network_rate = false;
     if (paths_[p]->path_state(&ps)) {
       l.network_bytes = ps.unacked_bytes;
-      if (ps.delivery_rate > 0) stats_[p].rate = ps.delivery_rate;
+      l.network_rate = ps.delivery_rate > 0;
+      if (l.network_rate) stats_[p].rate = ps.delivery_rate;
     }
     best_rate = std::max(best_rate, stats_[p].rate);
   }
@@ -385,9 +387,7 @@ bool PeerLink::reap_sends() {
         const int64_t start = std::max(c->req.posted_ns, l.last_done_ns);
         const double sample =
             static_cast<double>(c->req.bytes) / static_cast<double>(std::max<int64_t>(now - start, 1000));
-        Connection::PathState ps;
-        if (!paths_[c->path]->path_state(&ps) || ps.delivery_rate <= 0)
-          st.rate = st.rate > 0 ? 0.75 * st.rate + 0.25 * sample : sample;
+        if (!l.network_rate) st.rate = st.rate > 0 ? 0.75 * st.rate + 0.25 * sample : sample;
         l.last_done_ns = now;
         l.chunks -= 1;
         l.bytes -= c->req.bytes;

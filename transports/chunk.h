@@ -137,6 +137,7 @@ class PeerLink {
     int64_t last_done_ns = 0;
     int64_t last_post_ns = 0;
     uint64_t network_bytes = 0;  // handed to the network, not acknowledged (path_state)
+    bool network_rate = false;   // path_state gave the rate at the last choice (no EWMA then)
   };
   std::vector<PathLoad> load_;
 

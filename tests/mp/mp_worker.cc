@@ -27,6 +27,7 @@
 #include "support/coll_check.h"
 #include "support/compress_check.h"
 #include "support/identical_check.h"
+#include "support/test_hosts.h"
 #if CHORUS_MP_VERBS
 #include "transports/verbs/verbs_stats.h"
 #endif
@@ -161,24 +162,12 @@ int run_zero_copy(ncclComm_t comm, int rank, int nranks, size_t count) {
 }
 #endif
 
-// CHORUS_TEST_HOST_OF="0,0,1,1": rank r acts as if on host number r of the list (its
-// CHORUS_HOST_ID), so that one machine tests the multi-host algorithms (ranks on different
-// "hosts" reach each other over TCP). Set before anything reads the host identity.
+// CHORUS_TEST_HOST_OF (support/test_hosts.h): this rank's CHORUS_HOST_ID, set before anything
+// reads the host identity.
 void place_on_test_host() {
-  const char* list = std::getenv("CHORUS_TEST_HOST_OF");
+  const std::vector<std::string> hosts = test_host_of();
   const char* rank = std::getenv("CHORUS_RANK");
-  if (list == nullptr || rank == nullptr) return;
-  std::vector<std::string> hosts;
-  std::string item;
-  for (const char* p = list;; ++p) {
-    if (*p == ',' || *p == '\0') {
-      hosts.push_back(item);
-      item.clear();
-      if (*p == '\0') break;
-    } else {
-      item += *p;
-    }
-  }
+  if (hosts.empty() || rank == nullptr) return;
   const size_t r = std::strtoul(rank, nullptr, 10);
   if (r < hosts.size()) setenv("CHORUS_HOST_ID", ("test-host-" + hosts[r]).c_str(), 1);
 }

@@ -28,6 +28,7 @@
 
 #include "kernels/fp8/convert.h"
 #include "support/coll_check.h"
+#include "support/test_hosts.h"
 
 namespace chorus::test {
 namespace {
@@ -305,22 +306,10 @@ std::string check_compressed_matrix(ncclComm_t comm, uint64_t seed, bool large) 
 
 namespace {
 
-// The host of every rank when the test simulates hosts (CHORUS_TEST_HOST_OF="0,1,0,1", as the
-// multi-process worker takes it), else empty (one host).
+// The host of every rank when the test simulates hosts (support/test_hosts.h), else empty (one
+// host).
 std::vector<std::string> test_hosts(int n) {
-  std::vector<std::string> hosts;
-  const char* list = std::getenv("CHORUS_TEST_HOST_OF");
-  if (list == nullptr) return hosts;
-  std::string item;
-  for (const char* p = list;; ++p) {
-    if (*p == ',' || *p == '\0') {
-      hosts.push_back(item);
-      item.clear();
-      if (*p == '\0') break;
-    } else {
-      item += *p;
-    }
-  }
+  std::vector<std::string> hosts = test_host_of();
   if (static_cast<int>(hosts.size()) != n) hosts.clear();
   return hosts;
 }
