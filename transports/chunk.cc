@@ -85,6 +85,8 @@ void PeerLink::post_send(SendRequest* req) {
   const uint64_t n_chunks = req->bytes == 0 ? 1 : (req->bytes + chunk_bytes_ - 1) / chunk_bytes_;
   if (n_paths == 1 || n_chunks < 2 || n_chunks > MsgTag::kMaxChunks) {
     req->tag.set_chunk(0, true);
+    stats_[first].messages += 1;
+    stats_[first].message_bytes += req->bytes;
     paths_[first]->post_send(req);
     return;
   }
@@ -220,6 +222,14 @@ bool PeerLink::progress() {
   return moved;
 }
 
+bool PeerLink::check_alive() {
+  for (Connection* c : paths_) {
+    if (!error_.ok()) break;
+    if (!c->check_alive()) fail(c->error());
+  }
+  return error_.ok();
+}
+
 bool PeerLink::idle() const {
   if (!pending_.empty() || !splits_.empty()) return false;
   for (Connection* c : paths_)
@@ -248,6 +258,8 @@ bool PeerLink::match(size_t p) {
     // always did (and names both calls in a mismatch).
     found->whole = true;
     active_whole_[p] = found;
+    stats_[p].messages += 1;
+    stats_[p].message_bytes += bytes;
     req->posted_ns = now_ns();
     paths_[p]->post_recv(req);
     return true;

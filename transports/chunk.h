@@ -58,6 +58,7 @@ class PeerLink {
     int64_t busy_ns = 0;   // sum over them of completion minus posting time
     uint64_t sent_chunks = 0, sent_bytes = 0;  // of them, those this side sent
     double rate = 0;       // ADAPTIVE: the estimated send rate, bytes per ns (0: not measured)
+    uint64_t messages = 0, message_bytes = 0;  // whole messages posted on it, both directions
   };
   static constexpr int kWindow = 2;
   static constexpr int64_t kProbeNs = 200'000'000;
@@ -86,6 +87,10 @@ class PeerLink {
   bool idle() const;
   // Why the link failed (a path's error, or a chunk that fits no receive); OK while healthy.
   const Status& error() const { return error_; }
+  // Asks every path whether its peer still answers (Connection::check_alive). A path that does
+  // not fails the link (failing over to the other paths is not built yet): false, error() says
+  // why.
+  bool check_alive();
   const PathStats& path_stats(size_t i) const { return stats_[i]; }
 
  private:

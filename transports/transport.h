@@ -184,11 +184,20 @@ class Connection {
   struct PathState {
     uint64_t unacked_bytes = 0;
     double delivery_rate = 0;
+    double rtt_ns = 0;  // smoothed round-trip time, 0 when not known
   };
   virtual bool path_state(PathState* out) const {
     (void)out;
     return false;
   }
+  // Asked every CHORUS_LIVENESS_MS while an operation waits on this connection's peer: false
+  // when the transport can tell that the peer stopped answering (TCP: data sent and not
+  // acknowledged for CHORUS_PEER_TIMEOUT_MS: its host is gone or every route to it is down).
+  // The connection has then failed: error() names the peer and says so.
+  virtual bool check_alive() { return error_.ok(); }
+  // Where the path runs, for humans (TCP: "local address -> peer address"); empty if nothing
+  // to say.
+  virtual std::string path_name() const { return {}; }
 
  protected:
   Connection(int peer, int channel) : peer_(peer), channel_(channel) {}

@@ -9,6 +9,7 @@
 #include <nccl.h>
 #include <chorus/stream.h>
 #include <chorus/compress.h>
+#include <chorus/paths.h>
 
 #define CHORUS_MAJOR 0
 #define CHORUS_MINOR 1

@@ -111,7 +111,13 @@ IntParam kSpinUs("SPIN_US", nullptr, 50, 0, 1000000,
                  "how long a waiting thread polls before it sleeps");
 IntParam kLivenessMs("LIVENESS_MS", nullptr, 100, 1, 60000,
                      "how often a waiting rank checks that the processes of its same-host peers "
-                     "are alive (a dead one fails the collective at once, naming it)");
+                     "are alive (a dead one fails the collective at once, naming it) and that "
+                     "its peers on other hosts still acknowledge (CHORUS_PEER_TIMEOUT_MS)");
+IntParam kPeerTimeoutMs("PEER_TIMEOUT_MS", nullptr, 10000, 2000, 3600000,
+                        "a peer on another host that acknowledges none of the data sent to it, "
+                        "or answers no keepalive probe while this rank waits for it, for this "
+                        "long is unreachable (a host gone, every link to it down): the "
+                        "operation fails naming it (TCP connections)");
 IntParam kFlightRecorderOps("FLIGHT_RECORDER_OPS", nullptr, 64, 0, 1 << 20,
                             "operations each communicator remembers for diagnosis (logged on "
                             "timeout, abort and error; chorusCommDumpFlightRecorder)");
@@ -160,7 +166,7 @@ const std::vector<Param*>& all() {
       &kDebug,        &kDebugSubsys,   &kDebugFile,    &kSocketIfname, &kSocketFamily,
       &kBootstrapTimeoutMs, &kConnectTimeoutMs, &kHostId, &kTransport, &kNumChannels,
       &kPathChunkBytes, &kShmFifoBytes, &kShmCmaBytes,   &kShmMapBytes,   &kStreamCopyBytes, &kTcpBounceBytes,
-      &kIbHca, &kIbAddrFamily, &kIbGidIndex, &kIbTimeout, &kIbRetryCnt, &kIbTc, &kIbSl, &kIbSlots, &kIbSlotBytes, &kIbRdvBytes, &kIbQpsPerConnection, &kTimeoutMs,   &kSpinUs,       &kLivenessMs,
+      &kIbHca, &kIbAddrFamily, &kIbGidIndex, &kIbTimeout, &kIbRetryCnt, &kIbTc, &kIbSl, &kIbSlots, &kIbSlotBytes, &kIbRdvBytes, &kIbQpsPerConnection, &kTimeoutMs,   &kSpinUs,       &kLivenessMs, &kPeerTimeoutMs,
       &kFlightRecorderOps, &kCommBlocking,
       &kAlgo,         &kChunkBytes,    &kTuner,        &kTunerFile,   &kKernels,
       &kRegCacheBytes, &kRing, &kRoute, &kCompress, &kCompressPolicy, &kCompressMinBytes, &kCompressBlock,

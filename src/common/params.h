@@ -130,6 +130,7 @@ extern IntParam kIbQpsPerConnection;
 extern IntParam kTimeoutMs;
 extern IntParam kSpinUs;
 extern IntParam kLivenessMs;
+extern IntParam kPeerTimeoutMs;
 extern IntParam kFlightRecorderOps;
 extern IntParam kCommBlocking;
 // Algorithms.

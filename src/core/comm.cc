@@ -316,11 +316,18 @@ bool Comm::collect_poll_fds(std::vector<pollfd>* fds) const {
 
 Status Comm::check_stuck(Op& op) {
   const int64_t now = now_coarse_ns();
-  if (peer_watch_.due(now) && op.fibers) {
+  if (op.fibers && now >= next_alive_check_ns_) {
+    next_alive_check_ns_ = now + params::kLivenessMs.get() * 1000000;
     waited_for_.clear();
     for (const Request* r : op.fibers->waiting_requests()) waited_for_.push_back(r->peer);
     if (Status dead = peer_watch_.check_now(waited_for_); !dead.ok()) {
       return remote_error("rank {}: {}{}", rank(), dead.message(), waiting_summary(op));
+    }
+    // Peers on other hosts: a path whose peer stopped acknowledging fails its link, and so the
+    // requests waiting on it (their operation then fails with the link's reason).
+    for (int peer : waited_for_) {
+      PeerLink* l = peer >= 0 && peer < nranks() ? link(peer) : nullptr;
+      if (l != nullptr && l->error().ok()) l->check_alive();
     }
   }
   const int64_t timeout_ms = params::kTimeoutMs.get();
@@ -350,6 +357,47 @@ std::string Comm::dump_flight_recorder() {
                       waiting.empty() ? std::string() : "pending" + waiting.substr(1));
   }
   return recorder_.dump(describe());
+}
+
+std::vector<PathReport> Comm::path_reports(int peer) {
+  std::lock_guard<std::mutex> drive(drive_mutex_);
+  std::vector<PathReport> out;
+  for (int r = 0; r < static_cast<int>(links_.size()); ++r) {
+    const PeerLink* l = links_[r].get();
+    if ((peer >= 0 && r != peer) || l == nullptr) continue;
+    for (size_t p = 0; p < l->paths(); ++p) {
+      const Connection* c = l->path(p);
+      PathReport& rep = out.emplace_back();
+      rep.peer = r;
+      rep.path = static_cast<int>(p);
+      rep.transport = c->transport_name();
+      rep.name = c->path_name();
+      rep.failed = !c->error().ok();
+      rep.stats = l->path_stats(p);
+      rep.network_known = !rep.failed && c->path_state(&rep.network);
+    }
+  }
+  return out;
+}
+
+std::string Comm::describe_paths() {
+  std::string text = fmt::format("{}: paths to its peers\n", describe());
+  for (const PathReport& r : path_reports(-1)) {
+    text += fmt::format(
+        "  peer {} path {} {}{}{}: chunks {} ({:.1f} MiB, {:.1f} MiB sent, busy {:.3f} s), whole "
+        "messages {} ({:.1f} MiB)",
+        r.peer, r.path, r.transport, r.name.empty() ? "" : " ", r.name, r.stats.chunks,
+        r.stats.bytes / 1048576.0, r.stats.sent_bytes / 1048576.0, r.stats.busy_ns / 1e9,
+        r.stats.messages, r.stats.message_bytes / 1048576.0);
+    if (r.stats.rate > 0) text += fmt::format(", route rate {:.1f} MB/s", r.stats.rate * 1e3);
+    if (r.network_known) {
+      text += fmt::format(", unacked {} KiB, delivery {:.1f} MB/s, rtt {:.0f} us",
+                          r.network.unacked_bytes >> 10, r.network.delivery_rate * 1e3,
+                          r.network.rtt_ns / 1e3);
+    }
+    text += r.failed ? ", FAILED\n" : "\n";
+  }
+  return text;
 }
 
 Result<UniqueFd> Comm::dup_listener() const {

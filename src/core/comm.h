@@ -81,6 +81,19 @@ struct ByteCounts {
   uint64_t wire_sent = 0, wire_received = 0, data_sent = 0, data_received = 0;
 };
 
+// One path to a peer (chorusPathStats_t): the chunk layer's counters, and what the network
+// says of it now (Connection::path_state) where the transport can tell.
+struct PathReport {
+  int peer = 0;
+  int path = 0;
+  std::string transport;
+  std::string name;  // Connection::path_name()
+  bool failed = false;
+  PeerLink::PathStats stats;
+  bool network_known = false;
+  Connection::PathState network;
+};
+
 class Comm : public std::enable_shared_from_this<Comm> {
  public:
   enum class State : int { kInitializing, kReady, kFinalized, kFailed, kAborted, kRevoked };
@@ -212,6 +225,10 @@ class Comm : public std::enable_shared_from_this<Comm> {
   // ---- Diagnosis ----
   // The flight recorder as text (any thread but one holding the drive lock).
   std::string dump_flight_recorder();
+  // The paths to `peer` (-1: every peer), in peer and path order, and the same as a table
+  // (any thread but one holding the drive lock: they take it).
+  std::vector<PathReport> path_reports(int peer);
+  std::string describe_paths();
   // This rank's rendezvous listener (duplicated), on which the lowest surviving rank serves
   // the rendezvous of a shrunk communicator; its address is peer(r).rendezvous.
   Result<UniqueFd> dup_listener() const;
@@ -274,6 +291,7 @@ class Comm : public std::enable_shared_from_this<Comm> {
   FlightRecorder recorder_;
   PeerWatch peer_watch_;             // drive lock: same-host peer processes (set at setup)
   std::vector<int> waited_for_;      // drive lock: scratch of check_stuck()
+  int64_t next_alive_check_ns_ = 0;  // drive lock: check_stuck() asks peers every LIVENESS_MS
   std::vector<PeerLink*> active_;    // drive lock
   Op* current_ = nullptr;            // drive lock: the queue's head, once seen
   struct ChoiceSlot {

@@ -40,13 +40,8 @@ void PeerWatch::add(int rank, int pid, std::string who) {
   procs_.push_back(std::move(p));
 }
 
-bool PeerWatch::due(int64_t now) {
-  if (procs_.empty() || now < next_ns_) return false;
-  next_ns_ = now + params::kLivenessMs.get() * 1000000;
-  return true;
-}
-
 Status PeerWatch::check_now(std::span<const int> waited_for) {
+  if (procs_.empty()) return Status();
   auto relevant = [&](const Proc& p) {
     return std::any_of(p.ranks.begin(), p.ranks.end(), [&](int r) {
       return std::find(waited_for.begin(), waited_for.end(), r) != waited_for.end();

@@ -5,7 +5,8 @@
 // gone. Each comm keeps a pidfd (pidfd_open, Linux 5.3) per peer process it reaches through
 // shared memory; a pidfd becomes readable when its process exits, so one poll() with a zero
 // timeout tells a waiting rank within CHORUS_LIVENESS_MS that its peer is gone, long before
-// CHORUS_TIMEOUT_MS. (TCP peers need none of this: their kernel closes the sockets.)
+// CHORUS_TIMEOUT_MS. (A dead process's TCP sockets are closed by its kernel; a host that vanishes
+// is noticed by Connection::check_alive and keepalive, CHORUS_PEER_TIMEOUT_MS.)
 #pragma once
 
 #include <poll.h>
@@ -25,9 +26,6 @@ class PeerWatch {
   // process; it is watched once. Without pidfd support the rank is checked with kill(pid, 0).
   void add(int rank, int pid, std::string who);
   bool empty() const { return procs_.empty(); }
-  // True at most every CHORUS_LIVENESS_MS (cheap to call on every idle pass): time for
-  // check_now(); the interval restarts.
-  bool due(int64_t now_ns);
   // kRemoteError naming the ranks, host and pid of a process that has exited and runs one of
   // `waited_for` (the peers an operation waits for); OK otherwise. A peer that finished its part
   // of the work and exited is no failure: its neighbours that still wait for it notice, and
@@ -43,7 +41,6 @@ class PeerWatch {
   };
   std::vector<Proc> procs_;
   std::vector<pollfd> fds_;
-  int64_t next_ns_ = 0;
 };
 
 }  // namespace chorus

@@ -62,6 +62,19 @@ size_t Op::bytes() const {
   return total;
 }
 
+Op::~Op() {
+  std::vector<std::shared_ptr<Op>> release = std::move(deps_);
+  while (!release.empty()) {
+    std::shared_ptr<Op> d = std::move(release.back());
+    release.pop_back();
+    // The last owner takes its deps before it goes; one that others still own is theirs to free.
+    if (d.use_count() == 1) {
+      for (auto& dd : d->deps_) release.push_back(std::move(dd));
+      d->deps_.clear();
+    }
+  }
+}
+
 bool Op::deps_done() const {
   for (const auto& d : deps_)
     if (!d->done()) return false;

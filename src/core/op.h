@@ -72,6 +72,12 @@ class Op {
       : comm_(comm), calls_(1), internal_(std::move(description)), body_(std::move(body)) {
     calls_.front().kind = CollKind::kInternal;
   }
+  // Releases the chain of deps iteratively: a stream with a million queued operations holds a
+  // million-long chain (each its predecessor), which recursive destruction would overflow the
+  // stack with.
+  ~Op();
+  Op(const Op&) = delete;
+  Op& operator=(const Op&) = delete;
 
   Comm* comm() const { return comm_; }
   std::vector<CollCall>& calls() { return calls_; }

@@ -113,6 +113,15 @@ void set_buffer_sizes(int fd, int bytes) {
   setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &bytes, sizeof(bytes));
 }
 
+void set_keepalive(int fd, int64_t timeout_ms) {
+  const int total_s = static_cast<int>(std::clamp<int64_t>(timeout_ms / 1000, 2, 3600));
+  int on = 1, idle = total_s / 2, interval = 1, count = total_s - total_s / 2;
+  setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &on, sizeof(on));
+  setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof(idle));
+  setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &interval, sizeof(interval));
+  setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &count, sizeof(count));
+}
+
 std::string peer_name(int fd) {
   SockAddr addr;
   addr.len = sizeof(addr.storage);

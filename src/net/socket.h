@@ -114,5 +114,9 @@ std::string peer_name(int fd);
 // Best-effort socket options (failures are ignored: they only affect performance).
 void set_nodelay(int fd);
 void set_buffer_sizes(int fd, int bytes);
+// TCP keepalive that breaks the connection (ETIMEDOUT on the next read or write) when the peer
+// has answered nothing for about `timeout_ms` while the connection was idle: probes start
+// after half of it, one per second. Whole seconds, at least 2 s.
+void set_keepalive(int fd, int64_t timeout_ms);
 
 }  // namespace chorus::net

@@ -18,6 +18,7 @@
 
 #include "common/clock.h"
 #include "common/log.h"
+#include "common/params.h"
 #include "transports/tcp/tcp_transport.h"
 
 namespace chorus::tcp {
@@ -65,6 +66,12 @@ TcpConnection::TcpConnection(UniqueFd fd, int my_rank, int peer, int channel,
       bounce_bytes_(std::max(bounce_bytes, kMinBounceBytes)) {
   net::set_nodelay(fd_.get());
   net::set_buffer_sizes(fd_.get(), kSocketBufferBytes);
+  net::set_keepalive(fd_.get(), params::kPeerTimeoutMs.get());
+  net::SockAddr local;
+  local.len = sizeof(local.storage);
+  path_name_ = getsockname(fd_.get(), local.mutable_sa(), &local.len) == 0
+                   ? fmt::format("{} -> {}", local.to_string(), peer_addr.to_string())
+                   : fmt::format("-> {}", peer_addr.to_string());
 }
 
 void TcpConnection::post_send(SendRequest* req) {
@@ -305,6 +312,11 @@ Status TcpConnection::io_error(int err, const Request* req, const char* doing) c
                : fmt::format("broke the connection ({}, errno {})", std::strerror(err), err);
   if (err == ECONNRESET || err == EPIPE)
     how = fmt::format("closed the connection ({})", std::strerror(err));
+  if (err == ETIMEDOUT) {
+    how = fmt::format("stopped answering (no reply to TCP keepalive probes or retransmissions "
+                      "for about CHORUS_PEER_TIMEOUT_MS={} ms: its host is unreachable or gone)",
+                      params::kPeerTimeoutMs.get());
+  }
   return remote_error("rank {} ({}) {} while rank {} was {} {} on tcp channel {}", peer(),
                       peer_addr_, how, my_rank_, doing, describe_request(req), channel());
 }
@@ -369,7 +381,24 @@ bool TcpConnection::path_state(PathState* out) const {
   out->delivery_rate = len >= offsetof(tcp_info, tcpi_delivery_rate) + sizeof(info.tcpi_delivery_rate)
                            ? static_cast<double>(info.tcpi_delivery_rate) / 1e9
                            : 0;
+  out->rtt_ns = static_cast<double>(info.tcpi_rtt) * 1e3;
   return true;
+}
+
+bool TcpConnection::check_alive() {
+  if (broken_) return false;
+  tcp_info info{};
+  socklen_t len = sizeof(info);
+  if (getsockopt(fd_.get(), IPPROTO_TCP, TCP_INFO, &info, &len) != 0) return true;
+  const int64_t limit_ms = params::kPeerTimeoutMs.get();
+  if (info.tcpi_unacked == 0 || info.tcpi_last_ack_recv < limit_ms) return true;
+  fail_all(remote_error(
+      "rank {} ({}) has acknowledged none of the data rank {} sent on tcp channel {} for {:.1f} s "
+      "({} segments unacknowledged, {} retransmissions; CHORUS_PEER_TIMEOUT_MS={}): its host is "
+      "unreachable or gone",
+      peer(), peer_addr_, my_rank_, channel(), info.tcpi_last_ack_recv / 1e3, info.tcpi_unacked,
+      info.tcpi_total_retrans, limit_ms));
+  return false;
 }
 
 }  // namespace chorus::tcp

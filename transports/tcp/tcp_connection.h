@@ -56,6 +56,12 @@ class TcpConnection final : public Connection {
   void farewell(const Status& why) override;
   // SIOCOUTQ and TCP_INFO's delivery rate.
   bool path_state(PathState* out) const override;
+  // Unacknowledged data (TCP_INFO: packets out) and no acknowledgement for
+  // CHORUS_PEER_TIMEOUT_MS. A receiver that does not read (a zero window) still acknowledges
+  // the kernel's window probes, so a slow peer is not taken for a gone one. An idle connection
+  // is covered by keepalive (net::set_keepalive) instead.
+  bool check_alive() override;
+  std::string path_name() const override { return path_name_; }
 
  private:
   static constexpr size_t kMaxBatch = 16;  // send requests gathered into one sendmsg()
@@ -81,6 +87,7 @@ class TcpConnection final : public Connection {
   UniqueFd fd_;
   int my_rank_;
   std::string peer_addr_;
+  std::string path_name_;  // "local address -> peer address"
   size_t bounce_bytes_;
   bool broken_ = false;
   bool farewell_sent_ = false;

@@ -18,6 +18,8 @@
 
 #include "common/bytes.h"
 #include "common/log.h"
+#include "common/params.h"
+#include "net/socket.h"
 #include "transports/verbs/verbs_connection.h"
 
 namespace chorus::verbs {
@@ -33,16 +35,6 @@ constexpr uint8_t kReadyByte = 'R';
 constexpr int kIncomingMs = 5000;
 
 std::string side_context(uint64_t comm_uid) { return fmt::format("chorus-verbs:{}", comm_uid); }
-
-// A host that vanishes without closing the socket (power, cable): TCP keepalive notices it
-// after about 10 + 3 x 2 s of silence. Best effort.
-void set_keepalive(int fd) {
-  int on = 1, idle = 10, interval = 2, count = 3;
-  ::setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &on, sizeof(on));
-  ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof(idle));
-  ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &interval, sizeof(interval));
-  ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &count, sizeof(count));
-}
 
 // (Deadline::remaining_ms is capped at a cancel slice for the communicator's deadline: the
 // time left comes from at_ns().)
@@ -183,7 +175,7 @@ Result<std::vector<std::shared_ptr<SideChannel>>> connect_side_channels(const Si
                                                   "{} at {}",
                                                   s.rank, p.label, p.addr.to_string()));
     }
-    set_keepalive(fd->get());
+    net::set_keepalive(fd->get(), params::kPeerTimeoutMs.get());
     out[i] = std::make_shared<SideChannel>(std::move(fd).value(), p.label, p.addr.to_string());
     connected[i] = true;
   }
@@ -214,7 +206,7 @@ Result<std::vector<std::shared_ptr<SideChannel>>> connect_side_channels(const Si
       CHORUS_WARN_RATELIMITED(kNet, "verbs: rank {} dropped {}", s.rank, refused);
       continue;
     }
-    set_keepalive(fd->get());
+    net::set_keepalive(fd->get(), params::kPeerTimeoutMs.get());
     out[*index] = std::make_shared<SideChannel>(std::move(fd).value(), s.peers[*index].label,
                                                 from.to_string());
     connected[*index] = true;
