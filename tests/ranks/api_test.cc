@@ -408,3 +408,61 @@ TEST_CASE("CHORUS_TRANSPORT forces a registered transport or names the ones ther
                                                  "transport") &&
                                      Catch::Contains("direct, shm, tcp"));
 }
+
+// The per-path counters (include/chorus/paths.h): two TCP paths to the peer, an 8 MiB message
+// each way cut into chunks over them; every byte is counted on some path, both directions.
+TEST_CASE("chorusCommGetPathStats counts every chunk on its path", "[ranks][api][paths]") {
+  chorus::test::ScopedEnv transport("CHORUS_TRANSPORT", "TCP");
+  chorus::test::ScopedEnv channels("CHORUS_NCHANNELS", "2");
+  chorus::test::RankGroup group(2);
+  REQUIRE(group.init_error().empty());
+  constexpr size_t kCount = size_t{2} << 20;  // 8 MiB of floats
+  std::string failures = group.run([](int rank, ncclComm_t comm) -> std::string {
+    const int peer = 1 - rank;
+    std::vector<float> out(kCount), in(kCount, 0.0f);
+    for (size_t i = 0; i < kCount; ++i) out[i] = 0.37f * static_cast<float>(i % 1013) + rank;
+    ncclGroupStart();
+    ncclSend(out.data(), kCount, ncclFloat, peer, comm, nullptr);
+    ncclRecv(in.data(), kCount, ncclFloat, peer, comm, nullptr);
+    if (ncclGroupEnd() != ncclSuccess) return ncclGetLastError(comm);
+    for (size_t i = 0; i < kCount; ++i)
+      if (in[i] != 0.37f * static_cast<float>(i % 1013) + peer) return "wrong data";
+
+    chorusPathStats_t stats[4];
+    int n = -1;
+    if (chorusCommGetPathStats(comm, peer, stats, 4, &n) != ncclSuccess) return ncclGetLastError(comm);
+    if (n != 2) return "paths to the peer: " + std::to_string(n);
+    unsigned long long sent = 0, received = 0;
+    for (int p = 0; p < n; ++p) {
+      const chorusPathStats_t& s = stats[p];
+      if (s.peer != peer || s.path != p || std::string(s.transport) != "tcp" ||
+          std::string(s.name).find(" -> ") == std::string::npos || s.failed != 0 ||
+          s.networkKnown != 1 || s.busySeconds < 0)
+        return "path " + std::to_string(p) + " described wrongly: " + s.transport + " " + s.name;
+      sent += s.sentBytes;
+      received += s.bytes - s.sentBytes;
+    }
+    if (sent != kCount * sizeof(float) || received != kCount * sizeof(float))
+      return "bytes on the paths: sent " + std::to_string(sent) + ", received " + std::to_string(received);
+    int all = -1;
+    if (chorusCommGetPathStats(comm, -1, nullptr, 0, &all) != ncclSuccess || all != 2)
+      return "paths to every peer: " + std::to_string(all);
+    if (chorusCommGetPathStats(comm, rank, nullptr, 0, &all) != ncclSuccess || all != 0)
+      return "paths to itself: " + std::to_string(all);
+    if (chorusCommGetPathStats(comm, 2, nullptr, 0, &all) != ncclInvalidArgument ||
+        std::string(ncclGetLastError(comm)).find("peer 2") == std::string::npos)
+      return "peer 2 of 2 ranks was not refused";
+    if (chorusCommGetPathStats(comm, peer, nullptr, 1, &all) != ncclInvalidArgument)
+      return "stats NULL with maxPaths 1 was not refused";
+    size_t needed = 0;
+    if (chorusCommDumpPaths(comm, nullptr, 0, &needed) != ncclSuccess || needed < 2)
+      return "dump length " + std::to_string(needed);
+    std::string text(needed, '\0');
+    if (chorusCommDumpPaths(comm, text.data(), text.size(), nullptr) != ncclSuccess)
+      return ncclGetLastError(comm);
+    if (text.find("peer " + std::to_string(peer) + " path 1 tcp") == std::string::npos)
+      return "dump: " + text;
+    return "";
+  });
+  CHECK(failures.empty());
+}
