@@ -9,6 +9,7 @@
 #include <algorithm>
 
 #include "common/clock.h"
+#include "common/dtype.h"
 #include "transports/protocol.h"
 
 namespace chorus {
@@ -45,9 +46,23 @@ struct PeerLink::PendingRecv {
 
 namespace {
 
+// The sequence space a tag's number counts in: send/receive pairs, Chorus's internal exchanges
+// and collectives number their messages apart (Comm::enqueue), so one number in two spaces
+// names two messages (a Broadcast #5 arriving while SendRecv #5 is still being received).
+int seq_space(const MsgTag& t) {
+  switch (static_cast<CollKind>(t.coll)) {
+    case CollKind::kSendRecv:
+    case CollKind::kSend:
+    case CollKind::kRecv: return 1;
+    case CollKind::kInternal: return 2;
+    default: return 0;
+  }
+}
+
 // The message a tag names, whatever the chunk.
 bool same_message(const MsgTag& a, const MsgTag& b) {
-  return a.seq == b.seq && a.lane() == b.lane() && a.ordinal() == b.ordinal();
+  return a.seq == b.seq && seq_space(a) == seq_space(b) && a.lane() == b.lane() &&
+         a.ordinal() == b.ordinal();
 }
 
 // The call `req` was posted for sent this chunk (a receive sized by the sender takes any

@@ -1,0 +1,96 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
+# File: bench/route/path_timeline.sh
+# Each path's throughput over time while the links change (issue 12, section 4), on the test
+# bed (scripts/testbed.sh): 2 hosts x 2 rails of RATE (default 1 Gbit/s), one rank per host with
+# one path per rail (CHORUS_NCHANNELS=2, CHORUS_SOCKET_IFNAME=rail), send/receive (or
+# --allreduce) of SIZE in a loop (bench/route/path_timeline.cc), rank 0 sampling its paths every
+# 20 ms. Once data flows, every PHASE seconds (default 2.5):
+#   1. both rails healthy;
+#   2. rail 1 shaped down to SLOW (default 200 Mbit/s) on both hosts;
+#   3. rail 1 back to RATE;
+#   4. iperf3 on rail 1 of host 0 (both directions, full speed): Chorus's share follows what
+#      is left (the capacity is not known: no target);
+# then prints each phase's settled throughput against the links' capacity, the time from each
+# change to the first 100 ms at >= 90 % of the new capacity, and plots it
+# (bench/route/plot_timeline.py, PNG; python3-matplotlib).
+#
+#   path_timeline.sh [-B BUILD_DIR] [-b SIZE] [--phase S] [--rate RATE] [--slow SLOW]
+#                    [--allreduce] [-o OUT_DIR] [--route ADAPTIVE|STATIC]
+# Defaults: build/, 64M (bytes, or with M/K), 2.5 s, 1gbit, 200mbit, out: /tmp/chorus-timeline.
+# Exit status: 0 done, 1 failure, 77 skipped (needs root).
+set -euo pipefail
+
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/../.." && pwd)
+build=build size=64M phase=2.5 rate=1gbit slow=200mbit mode="" out=/tmp/chorus-timeline
+route=ADAPTIVE
+while [ $# -gt 0 ]; do
+  case $1 in
+    -B) build=$2; shift 2 ;;
+    -b) size=$2; shift 2 ;;
+    --phase) phase=$2; shift 2 ;;
+    --rate) rate=$2; shift 2 ;;
+    --slow) slow=$2; shift 2 ;;
+    --allreduce) mode=--allreduce; shift ;;
+    --route) route=$2; shift 2 ;;
+    -o) out=$2; shift 2 ;;
+    -h|--help) awk 'NR >= 3 && !/^#/ {exit} NR >= 3' "$0"; exit 0 ;;
+    *) echo "path_timeline.sh: unknown argument '$1' (try --help)" >&2; exit 2 ;;
+  esac
+done
+if [ "$(id -u)" != 0 ] || ! command -v ip > /dev/null || ! command -v tc > /dev/null ||
+   ! command -v nsenter > /dev/null; then
+  echo "SKIP: the test bed needs root, iproute2, tc and nsenter"
+  exit 77
+fi
+build=$(cd "$build" && pwd)
+tool=$build/bench/path_timeline
+[ -x "$tool" ] || { echo "path_timeline.sh: $tool is missing: build the path_timeline target" >&2; exit 1; }
+bytes=$(awk -v s="$size" 'BEGIN { n = s + 0; u = toupper(substr(s, length(n "") + 1));
+  print n * (u == "G" ? 2^30 : u == "M" ? 2^20 : u == "K" ? 2^10 : 1) }')
+mkdir -p "$out"
+testbed=$root/scripts/testbed.sh
+export TESTBED_NAME=tl$$
+cleanup() { TESTBED_QUIET=1 "$testbed" down > /dev/null 2>&1 || true; }
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+bps() {  # tc rate -> bytes/s
+  awk -v r="$1" 'BEGIN { v = r + 0; u = tolower(r); sub(/^[0-9.]+/, "", u)
+    f = u == "gbit" ? 1e9 : u == "mbit" ? 1e6 : u == "kbit" ? 1e3 : 1; printf "%.0f", v * f / 8 }'
+}
+full=$(bps "$rate") low=$(bps "$slow")
+"$testbed" up --hosts 2 --rails 2 --rate "$rate" > "$out/up.log" 2>&1 || { cat "$out/up.log"; exit 1; }
+echo "# test bed: 2 hosts x 2 rails, tbf $rate; $route routing; $( [ -n "$mode" ] && echo AllReduce || echo send/receive) of $size; load $(cut -d' ' -f1-3 /proc/loadavg)"
+total_s=$(awk -v p="$phase" 'BEGIN { print 4 * p + 1.5 }')
+"$testbed" launch -n 2 --ifname rail -x CHORUS_NCHANNELS=2 -x CHORUS_ROUTE="$route" \
+  "$tool" -b "$bytes" -t "$total_s" -i 20 -o "$out/samples.csv" $mode > "$out/run.log" 2>&1 &
+job=$!
+rx() { "$testbed" run 0 cat /sys/class/net/rail0/statistics/rx_bytes; }
+first=$(rx)
+for _ in $(seq 1 200); do
+  [ $(($(rx) - first)) -gt $((16 << 20)) ] && break
+  sleep 0.05
+done
+events=$out/events.txt
+event() { echo "$(date +%s%N) $1 $2" >> "$events"; }
+: > "$events"
+event $((2 * full)) "both rails $rate"
+sleep "$phase"
+"$testbed" shape 0 1 "$slow" > /dev/null
+"$testbed" shape 1 1 "$slow" > /dev/null
+event $((full + low)) "rail 1 at $slow"
+sleep "$phase"
+"$testbed" shape 0 1 "$rate" > /dev/null
+"$testbed" shape 1 1 "$rate" > /dev/null
+event $((2 * full)) "rail 1 back at $rate"
+sleep "$phase"
+event 0 "iperf3 on rail 1"
+"$testbed" traffic 0 1 start > /dev/null 2>&1 || echo "# (no iperf3 traffic: see $out/run.log)"
+sleep "$phase"
+"$testbed" traffic 0 1 stop > /dev/null 2>&1 || true
+status=0
+wait "$job" || status=1
+cat "$out/run.log"
+[ "$status" = 0 ] || { echo "path_timeline.sh: the run failed"; exit 1; }
+/usr/bin/python3 "$here/plot_timeline.py" "$out/samples.csv" "$events" "$out/timeline.png"
