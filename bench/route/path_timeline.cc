@@ -103,8 +103,10 @@ int main(int argc, char** argv) {
       auto next = std::chrono::steady_clock::now();
       while (sampling.load(std::memory_order_relaxed)) {
         int n = 0;
+        // Timed when the counters are read (the call waits while a pass of the driver runs).
+        const bool ok = chorusCommGetPathStats(comm, peer, paths, 16, &n) == ncclSuccess;
         const int64_t t = wall_ns();
-        if (chorusCommGetPathStats(comm, peer, paths, 16, &n) == ncclSuccess) {
+        if (ok) {
           for (int p = 0; p < n && p < 16; ++p) samples.push_back(Sample{t, paths[p]});
         }
         next += std::chrono::milliseconds(interval_ms);
@@ -113,22 +115,31 @@ int main(int argc, char** argv) {
     });
   }
 
-  // Rank 0 decides when to stop (a 4-byte broadcast after each round), so both run as many.
+  // Rounds go in batches of kBatch on a host stream, as nccl-tests queues its iterations, so
+  // that the next round is queued while one runs; a 4-byte broadcast at the end of each batch
+  // carries rank 0's decision to stop, so both ranks run as many.
+  constexpr int kBatch = 4;
+  chorusStream_t stream = nullptr;
+  check(chorusStreamCreate(&stream), "chorusStreamCreate", comm);
   const auto start = std::chrono::steady_clock::now();
   int rounds = 0;
-  for (int stop = 0; !stop; ++rounds) {
-    if (allreduce) {
-      check(ncclAllReduce(send.data(), recv.data(), count, ncclFloat, ncclSum, comm, nullptr),
-            "ncclAllReduce", comm);
-    } else {
-      check(ncclGroupStart(), "ncclGroupStart", comm);
-      check(ncclSend(send.data(), count, ncclFloat, peer, comm, nullptr), "ncclSend", comm);
-      check(ncclRecv(recv.data(), count, ncclFloat, peer, comm, nullptr), "ncclRecv", comm);
-      check(ncclGroupEnd(), "ncclGroupEnd", comm);
-    }
+  for (int stop = 0; !stop;) {
     stop = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() >= seconds;
-    check(ncclBroadcast(&stop, &stop, 1, ncclInt32, 0, comm, nullptr), "ncclBroadcast", comm);
+    for (int k = 0; k < kBatch; ++k, ++rounds) {
+      if (allreduce) {
+        check(ncclAllReduce(send.data(), recv.data(), count, ncclFloat, ncclSum, comm, stream),
+              "ncclAllReduce", comm);
+      } else {
+        check(ncclGroupStart(), "ncclGroupStart", comm);
+        check(ncclSend(send.data(), count, ncclFloat, peer, comm, stream), "ncclSend", comm);
+        check(ncclRecv(recv.data(), count, ncclFloat, peer, comm, stream), "ncclRecv", comm);
+        check(ncclGroupEnd(), "ncclGroupEnd", comm);
+      }
+    }
+    check(ncclBroadcast(&stop, &stop, 1, ncclInt32, 0, comm, stream), "ncclBroadcast", comm);
+    check(chorusStreamSynchronize(stream), "chorusStreamSynchronize", comm);
   }
+  check(chorusStreamDestroy(stream), "chorusStreamDestroy", comm);
   if (rank == 0) {
     sampling.store(false, std::memory_order_relaxed);
     sampler.join();

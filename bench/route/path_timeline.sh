@@ -76,14 +76,19 @@ events=$out/events.txt
 event() { echo "$(date +%s%N) $1 $2" >> "$events"; }
 : > "$events"
 event $((2 * full)) "both rails $rate"
+# Each change is timed as it starts: both hosts' links are shaped at once (each tc call takes
+# tens of ms), and the event is written before them.
+shape_rail1() {
+  event "$1" "$2"
+  "$testbed" shape 0 1 "$3" > /dev/null &
+  local first=$!
+  "$testbed" shape 1 1 "$3" > /dev/null
+  wait "$first"
+}
 sleep "$phase"
-"$testbed" shape 0 1 "$slow" > /dev/null
-"$testbed" shape 1 1 "$slow" > /dev/null
-event $((full + low)) "rail 1 at $slow"
+shape_rail1 $((full + low)) "rail 1 at $slow" "$slow"
 sleep "$phase"
-"$testbed" shape 0 1 "$rate" > /dev/null
-"$testbed" shape 1 1 "$rate" > /dev/null
-event $((2 * full)) "rail 1 back at $rate"
+shape_rail1 $((2 * full)) "rail 1 back at $rate" "$rate"
 sleep "$phase"
 event 0 "iperf3 on rail 1"
 "$testbed" traffic 0 1 start > /dev/null 2>&1 || echo "# (no iperf3 traffic: see $out/run.log)"

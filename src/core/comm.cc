@@ -360,8 +360,19 @@ std::string Comm::dump_flight_recorder() {
 }
 
 std::vector<PathReport> Comm::path_reports(int peer) {
-  std::lock_guard<std::mutex> drive(drive_mutex_);
   std::vector<PathReport> out;
+  {
+    std::lock_guard<std::mutex> drive(drive_mutex_);
+    collect_path_reports(peer, &out);
+  }
+  // A driver that found the lock taken went to sleep until woken: wake it, or it would stall
+  // for up to a poll slice each time the counters are read.
+  ProcessContext::get().ring_local();
+  return out;
+}
+
+void Comm::collect_path_reports(int peer, std::vector<PathReport>* reports) const {
+  std::vector<PathReport>& out = *reports;
   for (int r = 0; r < static_cast<int>(links_.size()); ++r) {
     const PeerLink* l = links_[r].get();
     if ((peer >= 0 && r != peer) || l == nullptr) continue;
@@ -377,7 +388,6 @@ std::vector<PathReport> Comm::path_reports(int peer) {
       rep.network_known = !rep.failed && c->path_state(&rep.network);
     }
   }
-  return out;
 }
 
 std::string Comm::describe_paths() {

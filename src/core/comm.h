@@ -244,6 +244,7 @@ class Comm : public std::enable_shared_from_this<Comm> {
   // Timeout and dead peers, checked on passes without progress: the error to fail op with.
   Status check_stuck(Op& op);
   // "; waiting for rank 2 (host h, pid 7) to send its data (0 of 64 bytes done)" (drive lock).
+  void collect_path_reports(int peer, std::vector<PathReport>* out) const;  // drive lock
   std::string waiting_summary(const Op& op) const;
   // Opens every registered transport (those that fail to open are left out of PeerInfo).
   void open_transports(PeerInfo* me);
