@@ -389,7 +389,11 @@ void Comm::set_host_layout() {
     ring_ = topo::host_ring_order(host_hashes);  // hosts_ concatenated
   }
   ring_pos_.assign(n, 0);
-  for (int p = 0; p < n; ++p) ring_pos_[ring_[p]] = p;
+  ring_is_rank_order_ = true;
+  for (int p = 0; p < n; ++p) {
+    ring_pos_[ring_[p]] = p;
+    if (ring_[p] != p) ring_is_rank_order_ = false;
+  }
 }
 
 }  // namespace chorus

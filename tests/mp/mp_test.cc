@@ -147,6 +147,14 @@ TEST_CASE("AllReduce is bit-identical on every rank on 2 hosts x 3 ranks", "[mp]
 TEST_CASE("AllReduce is bit-identical on every rank on hosts of 1 and 2 ranks", "[mp][hosts][identical]") {
   run_workers(3, "AUTO", "identical", {"CHORUS_TEST_HOST_OF=0,1,1"});
 }
+// Ranks round robin over hosts: the tree algorithms run in the comm's ring order (a host's
+// ranks together), roots anywhere in it.
+TEST_CASE("multi-process matrix, tree algorithms forced, on 3 hosts x 2 ranks round robin",
+          "[mp][hosts]") {
+  run_workers(6, "AUTO", "matrix",
+              {"CHORUS_TEST_HOST_OF=0,1,2,0,1,2",
+               "CHORUS_ALGO=allreduce:tree,broadcast:tree,reduce:tree"});
+}
 
 TEST_CASE("compressed collectives over shared memory with 4 ranks", "[mp][shm][compress]") {
   run_workers(4, "SHM", "compressed");
