@@ -70,6 +70,7 @@ Task all_gather_hier(OpContext& ctx, Args a);        // across hosts, then withi
 // Broadcast and Reduce
 Task broadcast_chain(OpContext& ctx, Args a);        // pipelined chain (bandwidth)
 Task broadcast_tree(OpContext& ctx, Args a);         // binomial tree (latency)
+Task broadcast_hier(OpContext& ctx, Args a);         // across hosts, then within hosts
 Task reduce_chain(OpContext& ctx, Args a);
 Task reduce_tree(OpContext& ctx, Args a);
 // AlltoAll
