@@ -120,15 +120,14 @@ const std::vector<Algo>& algorithms_for(CollKind coll) {
                                                     Algo::kDirect, Algo::kHierarchical};
   static const std::vector<Algo> kAllGather = {Algo::kRing, Algo::kBruck, Algo::kDirect,
                                                Algo::kHierarchical};
-  static const std::vector<Algo> kBroadcast = {Algo::kChain, Algo::kTree, Algo::kHierarchical};
-  static const std::vector<Algo> kRooted = {Algo::kChain, Algo::kTree};
+  static const std::vector<Algo> kRooted = {Algo::kChain, Algo::kTree, Algo::kHierarchical};
   static const std::vector<Algo> kAlltoAll = {Algo::kPairwise, Algo::kBruck};
   static const std::vector<Algo> kDirectOnly = {Algo::kDirect};
   switch (coll) {
     case CollKind::kAllReduce: return kAllReduce;
     case CollKind::kReduceScatter: return kReduceScatter;
     case CollKind::kAllGather: return kAllGather;
-    case CollKind::kBroadcast: return kBroadcast;
+    case CollKind::kBroadcast:
     case CollKind::kReduce: return kRooted;
     case CollKind::kAlltoAll: return kAlltoAll;
     default: return kDirectOnly;
@@ -181,10 +180,11 @@ namespace {
 constexpr size_t kRootedMinPieceBytes = size_t{2} << 20;
 constexpr int kRootedMaxPieces = 8;
 
-// The pipelined hierarchical Broadcast with the given stages: the chain across hosts runs as
-// one pipeline over the whole call (its chunks), a tree once per piece; within each host, one
-// Broadcast per piece over the intra-host link, piece p while piece p + 1 crosses. Across
-// hosts only the ranks of one local index talk, one flow per host: the link's whole rate.
+// The pipelined hierarchical Broadcast (Reduce: the same stages in the other order) with the
+// given stages: the chain across hosts runs as one pipeline over the whole call (its chunks),
+// a tree once per piece; within each host, one Broadcast (Reduce) per piece over the
+// intra-host link, piece p while piece p + 1 crosses. Across hosts only the ranks of one local
+// index talk, one flow per host: the link's whole rate.
 double rooted_hier_us(const CostModel& m, CollKind coll, size_t bytes, const Shape& shape,
                       const RootedPlan& plan) {
   const Shape hosts = Shape::flat(shape.hosts), host = Shape::flat(shape.local);
@@ -252,6 +252,7 @@ double predict_hier_us(const CostModel& m, CollKind coll, size_t bytes, const Sh
              (shape.local - 1) * (shape.hosts - 1) * m.intra_alpha_us / 4 +
              predict_us(across, Algo::kDirect, coll, part, hosts);
     case CollKind::kBroadcast:
+    case CollKind::kReduce:
       return rooted_hier_us(m, coll, bytes, shape, hier_rooted_plan(m, coll, bytes, shape));
     default: return 1e30;
   }

@@ -124,12 +124,12 @@ TEST_CASE("multi-process matrix on 2 hosts x 2 ranks", "[mp][hosts]") {
 TEST_CASE("multi-process matrix, hierarchical algorithms forced, on 3 hosts x 2 ranks", "[mp][hosts]") {
   run_workers(6, "AUTO", "matrix",
               {"CHORUS_TEST_HOST_OF=0,1,2,2,1,0",
-               "CHORUS_ALGO=allreduce:hier,reducescatter:hier,allgather:hier,broadcast:hier"});
+               "CHORUS_ALGO=allreduce:hier,reducescatter:hier,allgather:hier,broadcast:hier,reduce:hier"});
 }
 TEST_CASE("multi-process matrix, hierarchical algorithms forced, on 2 hosts x 3 ranks", "[mp][hosts]") {
   run_workers(6, "AUTO", "matrix",
               {"CHORUS_TEST_HOST_OF=0,0,0,1,1,1",
-               "CHORUS_ALGO=allreduce:hier,reducescatter:hier,allgather:hier,broadcast:hier"});
+               "CHORUS_ALGO=allreduce:hier,reducescatter:hier,allgather:hier,broadcast:hier,reduce:hier"});
 }
 // The hierarchical Broadcast (broadcast_hier.cc) of random bytes from every root, in place and
 // not, every datatype; hosts interleaved in rank order; every rank checks its output and what
@@ -167,6 +167,29 @@ TEST_CASE("hierarchical Broadcast in pipelined pieces on 2 x 2, 3 x 2 and 2 x 3 
                 {std::string("CHORUS_TEST_HOST_OF=") + hosts, "CHORUS_TUNER_FILE=" + tuner.path,
                  "CHORUS_TEST_DATATYPES=int8,float,double"},
                 {"2500007", "broadcast:hier"});
+  }
+}
+// The hierarchical Reduce (reduce_hier.cc) the same way: every operator, root and datatype, in
+// place and not, checked exactly, and the bytes sent across hosts; then in pipelined pieces
+// under the Ethernet model (the same plans as the Broadcast's: tree or chain across, tree or
+// chain within).
+TEST_CASE("hierarchical Reduce from every root on 2 hosts x 2 ranks", "[mp][hosts]") {
+  run_workers(4, "AUTO", "reduce", {"CHORUS_TEST_HOST_OF=0,1,1,0"},
+              {"0,1,7,1023,100003", "reduce:hier"});
+}
+TEST_CASE("hierarchical Reduce from every root on 3 hosts x 2 ranks", "[mp][hosts]") {
+  run_workers(6, "AUTO", "reduce", {"CHORUS_TEST_HOST_OF=0,1,2,2,1,0"},
+              {"0,1,7,1023,100003", "reduce:hier"});
+}
+TEST_CASE("hierarchical Reduce in pipelined pieces on 2 x 2, 3 x 2 and 2 x 3 ranks",
+          "[mp][hosts]") {
+  const EthernetTunerFile tuner;
+  for (const char* hosts : {"0,0,1,1", "0,1,2,0,1,2", "1,0,1,0,1,0"}) {
+    const int n = static_cast<int>(std::string(hosts).size() + 1) / 2;
+    run_workers(n, "AUTO", "reduce",
+                {std::string("CHORUS_TEST_HOST_OF=") + hosts, "CHORUS_TUNER_FILE=" + tuner.path,
+                 "CHORUS_TEST_DATATYPES=float,double"},
+                {"2500007", "reduce:hier"});
   }
 }
 TEST_CASE("AllReduce is bit-identical on every rank on 2 hosts x 2 ranks", "[mp][hosts][identical]") {

@@ -16,6 +16,11 @@
 //                                         of equal size (CHORUS_TEST_HOST_OF), also what crossed
 //                                         hosts: the whole buffer into the rank of the root's
 //                                         local index on every other host, nothing else.
+//   chorus_mp_worker reduce counts spec
+//                                         Reduce (CHORUS_ALGO=spec), every operator, root,
+//                                         datatype and count, in place and not, checked exactly
+//                                         (coll_check.h); with reduce:hier on simulated hosts,
+//                                         also the bytes sent across hosts.
 //   chorus_mp_worker compressed           the compressed collectives (compress_check.h): error
 //                                         bound, identical results, volume, non-finite blocks,
 //                                         error feedback.
@@ -136,24 +141,46 @@ uint8_t broadcast_byte(uint64_t call, size_t i) {
   return static_cast<uint8_t>(z >> (8 * (i % 8)));
 }
 
+// Simulated hosts (CHORUS_TEST_HOST_OF): each rank's host and local index (its place among its
+// host's ranks); `hier` when there are several hosts of equal size, two ranks or more each
+// (where the hierarchical algorithms run).
+struct TestHosts {
+  std::vector<std::string> host_of;
+  std::vector<int> local_index;
+  bool hier = false;
+  explicit TestHosts(int nranks) : host_of(test_host_of()), local_index(host_of.size()) {
+    const auto size = [&](size_t r) { return std::count(host_of.begin(), host_of.end(), host_of[r]); };
+    hier = host_of.size() == static_cast<size_t>(nranks) && size(0) > 1 && size(0) < nranks;
+    for (size_t r = 0; hier && r < host_of.size(); ++r) {
+      local_index[r] = static_cast<int>(std::count(host_of.begin(), host_of.begin() + r, host_of[r]));
+      hier = size(r) == size(0);
+    }
+  }
+  // A rank of the root's local index on another host than the root's.
+  bool leader(int rank, int root) const {
+    return local_index[rank] == local_index[root] && host_of[rank] != host_of[root];
+  }
+  // Bytes this rank received from (or sent to) ranks of other hosts since the counters' reset.
+  unsigned long long across(ncclComm_t comm, int rank, bool sent) const {
+    unsigned long long bytes = 0;
+    for (size_t peer = 0; peer < host_of.size(); ++peer) {
+      chorusByteCounters_t b{};
+      if (host_of[peer] == host_of[rank]) continue;
+      if (chorusCommGetByteCounters(comm, static_cast<int>(peer), &b) != ncclSuccess) return ~0ull;
+      bytes += sent ? b.dataBytesSent : b.dataBytesReceived;
+    }
+    return bytes;
+  }
+};
+
 int run_broadcast(ncclComm_t comm, int rank, int nranks, const std::string& counts,
                   const std::string& spec) {
   std::vector<size_t> count_list;
   for (const std::string& c : split(counts)) count_list.push_back(std::strtoull(c.c_str(), nullptr, 0));
   setenv("CHORUS_ALGO", spec.c_str(), 1);
   chorus::params::reload_for_testing();
-  // Simulated hosts: each rank's host and local index (its place among its host's ranks).
-  const std::vector<std::string> host_of = test_host_of();
-  std::vector<int> local_index(host_of.size());
-  bool uniform = host_of.size() == static_cast<size_t>(nranks);
-  for (size_t r = 0; uniform && r < host_of.size(); ++r) {
-    local_index[r] = static_cast<int>(std::count(host_of.begin(), host_of.begin() + r, host_of[r]));
-    uniform = std::count(host_of.begin(), host_of.end(), host_of[r]) ==
-              std::count(host_of.begin(), host_of.end(), host_of[0]);
-  }
-  const bool check_volume = spec == "broadcast:hier" && uniform &&
-                            std::count(host_of.begin(), host_of.end(), host_of[0]) > 1 &&
-                            std::count(host_of.begin(), host_of.end(), host_of[0]) < nranks;
+  const TestHosts hosts(nranks);
+  const bool check_volume = spec == "broadcast:hier" && hosts.hier;
   int failures = 0, cases = 0;
   uint64_t call = 0;
   for (ncclDataType_t dtype : all_datatypes()) {
@@ -191,15 +218,8 @@ int run_broadcast(ncclComm_t comm, int rank, int nranks, const std::string& coun
           if (check_volume) {
             // Bytes this rank received from other hosts: the buffer once on the rank of the
             // root's local index of every host but the root's.
-            unsigned long long across = 0;
-            for (int peer = 0; peer < nranks; ++peer) {
-              chorusByteCounters_t b{};
-              if (host_of[peer] == host_of[rank]) continue;
-              if (chorusCommGetByteCounters(comm, peer, &b) != ncclSuccess) return 1;
-              across += b.dataBytesReceived;
-            }
-            const bool leader = local_index[rank] == local_index[root] && host_of[rank] != host_of[root];
-            const unsigned long long want = leader ? bytes : 0;
+            const unsigned long long across = hosts.across(comm, rank, false);
+            const unsigned long long want = hosts.leader(rank, root) ? bytes : 0;
             if (across != want && ++failures <= 5)
               fmt::print(stderr, "rank {}: Broadcast of {} bytes from {}: {} bytes from other "
                          "hosts, want {}\n", rank, bytes, root, across, want);
@@ -213,6 +233,54 @@ int run_broadcast(ncclComm_t comm, int rank, int nranks, const std::string& coun
     }
   }
   if (rank == 0) fmt::print("rank 0: {} Broadcast cases ({}), {} failures\n", cases, spec, failures);
+  return failures == 0 ? 0 : 1;
+}
+
+// Reduce (CHORUS_ALGO=spec) with every operator, from every root, in place and not, every
+// datatype, each count: the result checked exactly (coll_check.h); with reduce:hier on
+// simulated hosts of equal size, also what crossed hosts: the buffer once from the rank of the
+// root's local index on every other host, nothing else.
+int run_reduce(ncclComm_t comm, int rank, int nranks, const std::string& counts,
+               const std::string& spec) {
+  std::vector<size_t> count_list;
+  for (const std::string& c : split(counts)) count_list.push_back(std::strtoull(c.c_str(), nullptr, 0));
+  setenv("CHORUS_ALGO", spec.c_str(), 1);
+  chorus::params::reload_for_testing();
+  const TestHosts hosts(nranks);
+  const bool check_volume = spec == "reduce:hier" && hosts.hier;
+  int failures = 0, cases = 0;
+  for (ncclDataType_t dtype : all_datatypes()) {
+    for (int op = 0; op < kNumTestOps; ++op) {
+      for (size_t count : count_list) {
+        for (int root = 0; root < nranks; ++root) {
+          for (int in_place = 0; in_place < 2; ++in_place) {
+            Case c;
+            c.coll = Coll::kReduce;
+            c.dtype = dtype;
+            c.op = op;
+            c.count = count;
+            c.root = root;
+            c.in_place = in_place != 0;
+            ++cases;
+            if (check_volume) chorusCommResetByteCounters(comm);
+            std::string error = run_case(comm, c);
+            if (error.empty() && check_volume) {
+              const unsigned long long across = hosts.across(comm, rank, true);
+              const unsigned long long want =
+                  hosts.leader(rank, root) ? count * chorus::verify::datatype_size(dtype) : 0;
+              if (across != want)
+                error = fmt::format("{} bytes sent to other hosts, want {}", across, want);
+            }
+            if (!error.empty()) {
+              if (++failures <= 5) fmt::print(stderr, "rank {}: {}: {}\n", rank, c.describe(), error);
+              if (error.find("returned") != std::string::npos) return 1;  // the comm is broken
+            }
+          }
+        }
+      }
+    }
+  }
+  if (rank == 0) fmt::print("rank 0: {} Reduce cases ({}), {} failures\n", cases, spec, failures);
   return failures == 0 ? 0 : 1;
 }
 
@@ -279,7 +347,7 @@ int main(int argc, char** argv) {
   place_on_test_host();
   if (argc < 2) {
     fmt::print(stderr,
-               "usage: {} matrix|stream-matrix [max_count] | identical [counts [algos]] | broadcast [counts [algo]] | compressed | zero-copy "
+               "usage: {} matrix|stream-matrix [max_count] | identical [counts [algos]] | broadcast|reduce [counts [algo]] | compressed | zero-copy "
                "[count]\n",
                argv[0]);
     return 2;
@@ -304,6 +372,9 @@ int main(int argc, char** argv) {
   if (std::strcmp(argv[1], "broadcast") == 0)
     rc = run_broadcast(comm, rank, nranks, argc > 2 ? argv[2] : "0,1,7,1023,100003",
                        argc > 3 ? argv[3] : "broadcast:hier");
+  if (std::strcmp(argv[1], "reduce") == 0)
+    rc = run_reduce(comm, rank, nranks, argc > 2 ? argv[2] : "0,1,7,1023,100003",
+                    argc > 3 ? argv[3] : "reduce:hier");
   if (std::strcmp(argv[1], "compressed") == 0) {
     std::string f = check_compressed_matrix(comm, 77, /*large=*/nranks <= 4) +
                     check_compressed_volume(comm) + check_compressed_nonfinite(comm) +

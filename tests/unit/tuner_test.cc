@@ -129,8 +129,26 @@ TEST_CASE("hierarchical Broadcast: never on one host or hosts of different sizes
   CHECK(choose(m, CollKind::kBroadcast, 64 * kMiB, Shape{4, 2, 2}, 1).algo == Algo::kHierarchical);
   // Forced where it cannot run: the flat fallback (run.cc maps it to the chain).
   CHECK(choose(m, CollKind::kBroadcast, 64 * kMiB, uneven, 1).algo == Algo::kRing);
-  // Reduce has no hierarchical algorithm: forcing it for Broadcast leaves Reduce alone.
-  CHECK(choose(m, CollKind::kReduce, 64 * kMiB, Shape{4, 2, 2}, 1).algo != Algo::kHierarchical);
+}
+
+TEST_CASE("hierarchical Reduce: the Broadcast's stages in the other order", "[tuner]") {
+  const CostModel m = ethernet();
+  for (const Shape& shape : {Shape{4, 2, 2}, Shape{6, 3, 2}, Shape{6, 2, 3}}) {
+    CAPTURE(shape.hosts, shape.local);
+    const double hier = predict_us(m, Algo::kHierarchical, CollKind::kReduce, 64 * kMiB, shape);
+    const double chain = predict_us(m, Algo::kChain, CollKind::kReduce, 64 * kMiB, shape);
+    CHECK(hier < chain);
+    CHECK(choose(m, CollKind::kReduce, 64 * kMiB, shape, 1).algo == Algo::kHierarchical);
+    CHECK(hier_rooted_plan(m, CollKind::kReduce, 64 * kMiB, shape).pieces == 8);
+  }
+  for (int n : {2, 4, 8}) {
+    CHECK(predict_us(m, Algo::kHierarchical, CollKind::kReduce, 64 * kMiB, Shape::flat(n)) >= 1e29);
+    CHECK(choose(m, CollKind::kReduce, 64 * kMiB, Shape::flat(n), 1).algo != Algo::kHierarchical);
+  }
+  CHECK(choose(m, CollKind::kReduce, 64 * kMiB, Shape{3, 2, 0}, 1).algo != Algo::kHierarchical);
+  chorus::test::ScopedEnv forced("CHORUS_ALGO", "reduce:hier");
+  CHECK(choose(m, CollKind::kReduce, 64 * kMiB, Shape{4, 2, 2}, 1).algo == Algo::kHierarchical);
+  CHECK(choose(m, CollKind::kReduce, 64 * kMiB, Shape{3, 2, 0}, 1).algo == Algo::kRing);
 }
 
 }  // namespace
