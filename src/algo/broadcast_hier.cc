@@ -42,7 +42,7 @@ struct Progress {
 
 struct Stages {
   OpContext* host = nullptr;    // this host's ranks
-  OpContext* across = nullptr;  // the leaders (local index of the root) of every host, in host order
+  OpContext* across = nullptr;  // the root's local index on every host, in host order
   RootedPlan plan;
   int root_host = 0;   // the root's host: its group rank in `across`
   int root_local = 0;  // the root's local index: its group rank in `host`

@@ -203,8 +203,9 @@ RootedPlan hier_rooted_plan(const CostModel& m, CollKind coll, size_t bytes, con
   RootedPlan best;
   const size_t chunk = static_cast<size_t>(std::max<int64_t>(1, params::kChunkBytes.get()));
   const size_t chunks = std::max<size_t>(1, (bytes + chunk - 1) / chunk);
-  best.pieces = static_cast<int>(std::min<size_t>(
-      chunks, std::clamp<size_t>(bytes / std::max(kRootedMinPieceBytes, chunk), 1, kRootedMaxPieces)));
+  const size_t piece = std::max(kRootedMinPieceBytes, chunk);
+  best.pieces = static_cast<int>(
+      std::min<size_t>(chunks, std::clamp<size_t>(bytes / piece, 1, kRootedMaxPieces)));
   if (shape.hosts < 2 || shape.local < 2) return best;
   double best_us = 0;
   bool first = true;
