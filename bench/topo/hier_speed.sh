@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: Apache-2.0
 # File: bench/topo/hier_speed.sh
-# The hierarchical AllReduce against the flat rings, on the multi-host test bed
+# The hierarchical AllReduce and Broadcast against the flat algorithms, on the multi-host test bed
 # (scripts/testbed.sh): H hosts (default 2) x 2 ranks, joined by R rails (default 1) of one
 # shaped link each (default 1 Gbit/s), in one run:
 #   1. raw TCP between host 0 and host 1 through the shaped link (bench/compress/tcp_rate.py):
@@ -16,9 +16,18 @@
 #        fp8 across    CHORUS_COMPRESS=FP8_E4M3 CHORUS_COMPRESS_POLICY=ALWAYS: the hierarchical
 #                      AllReduce with its cross-host stage in FP8 (checked against FP8's error
 #                      bound by all_reduce_perf); it may exceed the link's bound (fewer bytes)
-#   3. a table: algbw of each (size / time, out of place), its fraction of the link's bound
-#      (algbw <= the link's rate between 2 hosts: each host must send S bytes and receive S) and
-#      of raw TCP's one-way rate, against the target (hierarchical >= 90 % of the link at 64 MiB).
+#   3. broadcast_perf (root 0, -a 3: the slowest rank's time, since the root is done as soon as
+#      its data is on its way and the mean over ranks would flatter) four ways, the same placement:
+#        chain         CHORUS_ALGO=broadcast:chain: the pipelined chain through every rank
+#                      (each host's ranks adjacent)
+#        tree          CHORUS_ALGO=broadcast:tree: the binomial tree
+#        hierarchical  CHORUS_ALGO=broadcast:hier: a chain through one rank per host (the
+#                      root's local index), then each host's ranks over shared memory
+#        auto          the tuner's choice
+#   4. tables: algbw of each (size / time, out of place), its fraction of the link's bound
+#      (AllReduce: algbw <= the link's rate between 2 hosts: each host must send S bytes and
+#      receive S; Broadcast: every other host must receive S) and of raw TCP's one-way rate,
+#      against the target (hierarchical AllReduce >= 90 % of the link at 64 MiB).
 #
 #   hier_speed.sh [-B BUILD_DIR] [-b MIN] [-e MAX] [-f FACTOR] [-n ITERS] [-w WARMUP]
 #                 [--hosts H] [--rails R] [--rate RATE] [--mtu MTU] [--enforce]
@@ -69,8 +78,9 @@ fi
 build=$(cd "$build" && pwd)
 run=$build/tools/chorus-run
 perf=$build/bench/coll/all_reduce_perf
-for f in "$run" "$perf"; do
-  [ -x "$f" ] || { echo "hier_speed.sh: $f is missing: build chorus-run and all_reduce_perf" >&2; exit 1; }
+bperf=$build/bench/coll/broadcast_perf
+for f in "$run" "$perf" "$bperf"; do
+  [ -x "$f" ] || { echo "hier_speed.sh: $f is missing: build chorus-run, all_reduce_perf and broadcast_perf" >&2; exit 1; }
 done
 testbed=$root/scripts/testbed.sh
 export TESTBED_NAME=hs$$
@@ -111,21 +121,25 @@ tcp_one=$(awk '$1 == "one_way" {print $2}' <<< "$tcp")
 tcp_both=$(awk '$1 == "both_ways" {print $2}' <<< "$tcp")
 echo "# raw TCP: one way $tcp_one GB/s, both ways at once $tcp_both GB/s per direction"
 
-# 2. all_reduce_perf four ways.
+# 2. all_reduce_perf five ways, 3. broadcast_perf four ways.
 n=$((2 * hosts))
 ifname=rail0
 if [ "$rails" -gt 1 ]; then ifname=rail; fi
 args=(-b "$min" -e "$max" -f "$factor" -n "$iters" -w "$warmup" -c 1 -d float -o sum)
-names=(flat_ring host_ring hierarchical auto fp8_across)
+names=(flat_ring host_ring hierarchical auto fp8_across bc_chain bc_tree bc_hier bc_auto)
 envs=("CHORUS_RING=RANK CHORUS_ALGO=allreduce:ring" "CHORUS_ALGO=allreduce:ring"
-      "CHORUS_ALGO=allreduce:hier" "" "CHORUS_COMPRESS=FP8_E4M3 CHORUS_COMPRESS_POLICY=ALWAYS")
+      "CHORUS_ALGO=allreduce:hier" "" "CHORUS_COMPRESS=FP8_E4M3 CHORUS_COMPRESS_POLICY=ALWAYS"
+      "CHORUS_ALGO=broadcast:chain" "CHORUS_ALGO=broadcast:tree" "CHORUS_ALGO=broadcast:hier" "")
 status=0
 for i in "${!names[@]}"; do
   xs=(-x CHORUS_DEBUG=INFO -x CHORUS_DEBUG_SUBSYS=INIT)
   for kv in ${envs[$i]}; do xs+=(-x "$kv"); done
-  echo "# ${names[$i]}: testbed.sh launch -n $n --placement cyclic ${xs[*]} all_reduce_perf ${args[*]}"
+  bin=$perf
+  run_args=("${args[@]}")
+  case ${names[$i]} in bc_*) bin=$bperf run_args+=(-a 3) ;; esac
+  echo "# ${names[$i]}: testbed.sh launch -n $n --placement cyclic ${xs[*]} $(basename "$bin") ${run_args[*]}"
   if ! "$testbed" launch -n "$n" --placement cyclic --ifname "$ifname" --chorus-run "$run" "${xs[@]}" \
-      "$perf" "${args[@]}" > "$work/${names[$i]}.txt" 2>&1; then
+      "$bin" "${run_args[@]}" > "$work/${names[$i]}.txt" 2>&1; then
     status=1
   fi
   grep -v "CHORUS INFO" "$work/${names[$i]}.txt" | sed 's/^/#   /'
@@ -133,16 +147,22 @@ for i in "${!names[@]}"; do
 done
 echo "# load average after: $(cut -d' ' -f1-3 /proc/loadavg)"
 
-# 3. The table (algbw from the out-of-place time column; in place in parentheses).
+# 4. The tables (algbw from the out-of-place time column; in place in parentheses).
 link_gbps=$(awk -v r="$rate" 'BEGIN {
   v = r + 0; u = tolower(r); sub(/^[0-9.]+/, "", u)
   f = u == "gbit" ? 1e9 : u == "mbit" ? 1e6 : u == "kbit" ? 1e3 : 1
   printf "%.6f", v * f / 8 / 1e9 }')
 link_gbps=$(awk -v l="$link_gbps" -v r="$rails" 'BEGIN { printf "%.6f", l * r }')
 files=()
-for name in "${names[@]}"; do files+=("$work/$name.txt"); done
-awk -v link="$link_gbps" -v tcp="$tcp_one" -v enforce="$enforce" -v hosts="$hosts" -v rails="$rails" '
-  BEGIN { split("flat ring (rank order),host-aware ring,hierarchical,auto (tuner),hier. + FP8 across", label, ",") }
+for name in "${names[@]:0:5}"; do files+=("$work/$name.txt"); done
+bfiles=()
+for name in "${names[@]:5}"; do bfiles+=("$work/$name.txt"); done
+table() {  # COLLECTIVE LABELS FILES...
+  local coll=$1 labels=$2
+  shift 2
+  awk -v link="$link_gbps" -v tcp="$tcp_one" -v enforce="$enforce" -v hosts="$hosts" -v rails="$rails" \
+      -v coll="$coll" -v labels="$labels" '
+  BEGIN { split(labels, label, ",") }
   FNR == 1 { file++ }
   /^#/ || NF < 13 || $1 !~ /^[0-9]+$/ { next }
   { size[$1] = 1; oop[file, $1] = $1 / ($6 * 1e3); inp[file, $1] = $1 / ($10 * 1e3)
@@ -155,14 +175,14 @@ awk -v link="$link_gbps" -v tcp="$tcp_one" -v enforce="$enforce" -v hosts="$host
     missed = 0
     for (i = 1; i <= n; i++) {
       s = sizes[i]
-      printf "\n%g MiB AllReduce, %d hosts x 2 ranks, %d rail(s): links %.4f GB/s, raw TCP (one link) %s GB/s:\n", s / 1048576, hosts, rails, link, tcp
+      printf "\n%g MiB %s, %d hosts x 2 ranks, %d rail(s): links %.4f GB/s, raw TCP (one link) %s GB/s:\n", s / 1048576, coll, hosts, rails, link, tcp
       printf "  %-24s %18s %12s %12s\n", "algorithm", "algbw GB/s", "of link", "of raw TCP"
       for (f = 1; f <= file; f++) {
         a = oop[f, s]
         printf "  %-24s %8.4f (%.4f) %11.1f%% %11.1f%%\n", label[f], a, inp[f, s], 100 * a / link,
                (tcp > 0 ? 100 * a / tcp : 0)
       }
-      if (s == 67108864 && hosts == 2 && rails == 1) {
+      if (coll == "AllReduce" && s == 67108864 && hosts == 2 && rails == 1) {
         h = oop[3, s] / link
         printf "  target: hierarchical >= 90%% of the link at 64 MiB: %s (%.1f%%)\n",
                (h >= 0.9 ? "met" : "MISSED"), 100 * h
@@ -171,9 +191,17 @@ awk -v link="$link_gbps" -v tcp="$tcp_one" -v enforce="$enforce" -v hosts="$host
     }
     if (bad) print "WRONG RESULTS in a run (#wrong != 0)"
     exit (bad ? 2 : (missed && enforce ? 3 : 0))
-  }' "${files[@]}" || {
-  rc=$?
+  }' "$@"
+}
+for t in AllReduce Broadcast; do
+  rc=0
+  if [ "$t" = AllReduce ]; then
+    table AllReduce "flat ring (rank order),host-aware ring,hierarchical,auto (tuner),hier. + FP8 across" \
+      "${files[@]}" || rc=$?
+  else
+    table Broadcast "chain,tree,hierarchical,auto (tuner)" "${bfiles[@]}" || rc=$?
+  fi
   if [ "$rc" = 2 ]; then status=1; fi
   if [ "$rc" = 3 ]; then echo "target missed (--enforce)"; status=1; fi
-}
+done
 exit "$status"

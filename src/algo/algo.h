@@ -70,8 +70,10 @@ Task all_gather_hier(OpContext& ctx, Args a);        // across hosts, then withi
 // Broadcast and Reduce
 Task broadcast_chain(OpContext& ctx, Args a);        // pipelined chain (bandwidth)
 Task broadcast_tree(OpContext& ctx, Args a);         // binomial tree (latency)
+Task broadcast_hier(OpContext& ctx, Args a);         // across hosts, then within hosts
 Task reduce_chain(OpContext& ctx, Args a);
 Task reduce_tree(OpContext& ctx, Args a);
+Task reduce_hier(OpContext& ctx, Args a);            // within hosts, then across hosts
 // AlltoAll
 Task alltoall_pairwise(OpContext& ctx, Args a);
 Task alltoall_bruck(OpContext& ctx, Args a);         // log2(n) steps of packed blocks

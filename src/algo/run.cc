@@ -78,8 +78,14 @@ AlgoFn algorithm(CollKind coll, Algo algo) {
       if (algo == Algo::kDirect) return all_gather_direct;
       if (algo == Algo::kHierarchical) return all_gather_hier;
       return all_gather_ring;
-    case CollKind::kBroadcast: return algo == Algo::kTree ? broadcast_tree : broadcast_chain;
-    case CollKind::kReduce: return algo == Algo::kTree ? reduce_tree : reduce_chain;
+    case CollKind::kBroadcast:
+      if (algo == Algo::kTree) return broadcast_tree;
+      if (algo == Algo::kHierarchical) return broadcast_hier;
+      return broadcast_chain;
+    case CollKind::kReduce:
+      if (algo == Algo::kTree) return reduce_tree;
+      if (algo == Algo::kHierarchical) return reduce_hier;
+      return reduce_chain;
     case CollKind::kAlltoAll: return algo == Algo::kBruck ? alltoall_bruck : alltoall_pairwise;
     case CollKind::kGather: return gather_direct;
     case CollKind::kScatter: return scatter_direct;

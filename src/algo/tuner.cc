@@ -120,7 +120,7 @@ const std::vector<Algo>& algorithms_for(CollKind coll) {
                                                     Algo::kDirect, Algo::kHierarchical};
   static const std::vector<Algo> kAllGather = {Algo::kRing, Algo::kBruck, Algo::kDirect,
                                                Algo::kHierarchical};
-  static const std::vector<Algo> kRooted = {Algo::kChain, Algo::kTree};
+  static const std::vector<Algo> kRooted = {Algo::kChain, Algo::kTree, Algo::kHierarchical};
   static const std::vector<Algo> kAlltoAll = {Algo::kPairwise, Algo::kBruck};
   static const std::vector<Algo> kDirectOnly = {Algo::kDirect};
   switch (coll) {
@@ -176,6 +176,55 @@ Algo across_hosts_algo(const CostModel& m, size_t bytes, const Shape& shape) {
 
 namespace {
 
+// Pieces of a hierarchical Broadcast: at least 2 MiB (and a whole chunk) each, at most 8.
+constexpr size_t kRootedMinPieceBytes = size_t{2} << 20;
+constexpr int kRootedMaxPieces = 8;
+
+// The pipelined hierarchical Broadcast (Reduce: the same stages in the other order) with the
+// given stages: the chain across hosts runs as one pipeline over the whole call (its chunks),
+// a tree once per piece; within each host, one Broadcast (Reduce) per piece over the
+// intra-host link, piece p while piece p + 1 crosses. Across hosts only the ranks of one local
+// index talk, one flow per host: the link's whole rate.
+double rooted_hier_us(const CostModel& m, CollKind coll, size_t bytes, const Shape& shape,
+                      const RootedPlan& plan) {
+  const Shape hosts = Shape::flat(shape.hosts), host = Shape::flat(shape.local);
+  const int p = plan.pieces;
+  const size_t piece = (bytes + p - 1) / p;
+  const double across = plan.across == Algo::kChain
+                            ? predict_us(m, Algo::kChain, coll, bytes, hosts) / p
+                            : predict_us(m, plan.across, coll, piece, hosts);
+  const double within = predict_us(within_host_model(m), plan.within, coll, piece, host);
+  return p * std::max(across, within) + std::min(across, within);
+}
+
+}  // namespace
+
+RootedPlan hier_rooted_plan(const CostModel& m, CollKind coll, size_t bytes, const Shape& shape) {
+  RootedPlan best;
+  const size_t chunk = static_cast<size_t>(std::max<int64_t>(1, params::kChunkBytes.get()));
+  const size_t chunks = std::max<size_t>(1, (bytes + chunk - 1) / chunk);
+  const size_t piece = std::max(kRootedMinPieceBytes, chunk);
+  best.pieces = static_cast<int>(
+      std::min<size_t>(chunks, std::clamp<size_t>(bytes / piece, 1, kRootedMaxPieces)));
+  if (shape.hosts < 2 || shape.local < 2) return best;
+  double best_us = 0;
+  bool first = true;
+  for (Algo across : {Algo::kChain, Algo::kTree}) {
+    for (Algo within : {Algo::kChain, Algo::kTree}) {
+      RootedPlan plan{across, within, best.pieces};
+      const double t = rooted_hier_us(m, coll, bytes, shape, plan);
+      if (first || t < best_us) {
+        best = plan;
+        best_us = t;
+        first = false;
+      }
+    }
+  }
+  return best;
+}
+
+namespace {
+
 // The hierarchical algorithms (all_*_hier.cc), stage by stage: direct exchanges among a
 // host's ranks over the intra-host link, and among the ranks of one local index (one per host)
 // over the host's rails, a host's ranks side by side.
@@ -203,6 +252,9 @@ double predict_hier_us(const CostModel& m, CollKind coll, size_t bytes, const Sh
       return predict_us(local, Algo::kDirect, coll, bytes, host) +
              (shape.local - 1) * (shape.hosts - 1) * m.intra_alpha_us / 4 +
              predict_us(across, Algo::kDirect, coll, part, hosts);
+    case CollKind::kBroadcast:
+    case CollKind::kReduce:
+      return rooted_hier_us(m, coll, bytes, shape, hier_rooted_plan(m, coll, bytes, shape));
     default: return 1e30;
   }
 }

@@ -108,6 +108,19 @@ CostModel within_host_model(const CostModel& m);
 // index) for a call of `bytes`.
 Algo across_hosts_algo(const CostModel& model, size_t bytes, const Shape& shape);
 
+// The plan of a hierarchical Broadcast or Reduce (broadcast_hier.cc, reduce_hier.cc) of
+// `bytes` on `shape`: the algorithm among the ranks of the root's local index (one per host:
+// chain or tree), the one within each host (chain or tree), and the pieces the call is cut in
+// (whole chunks of CHORUS_CHUNK_BYTES), so that a host's ranks get piece p while piece p + 1
+// crosses the network (Reduce: reduce piece p + 1 while piece p crosses).
+struct RootedPlan {
+  Algo across = Algo::kChain;
+  Algo within = Algo::kChain;
+  int pieces = 1;
+};
+RootedPlan hier_rooted_plan(const CostModel& model, CollKind coll, size_t bytes,
+                            const Shape& shape);
+
 struct Choice {
   Algo algo = Algo::kRing;
   int channels = 1;

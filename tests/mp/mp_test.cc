@@ -3,7 +3,10 @@
 // shared memory and over TCP (forced), started by the project's launcher.
 #include <catch2/catch.hpp>
 #include <dirent.h>
+#include <unistd.h>
 
+#include <cstdio>
+#include <cstdlib>
 #include <set>
 #include <string>
 #include <vector>
@@ -121,12 +124,73 @@ TEST_CASE("multi-process matrix on 2 hosts x 2 ranks", "[mp][hosts]") {
 TEST_CASE("multi-process matrix, hierarchical algorithms forced, on 3 hosts x 2 ranks", "[mp][hosts]") {
   run_workers(6, "AUTO", "matrix",
               {"CHORUS_TEST_HOST_OF=0,1,2,2,1,0",
-               "CHORUS_ALGO=allreduce:hier,reducescatter:hier,allgather:hier"});
+               "CHORUS_ALGO=allreduce:hier,reducescatter:hier,allgather:hier,broadcast:hier,reduce:hier"});
 }
 TEST_CASE("multi-process matrix, hierarchical algorithms forced, on 2 hosts x 3 ranks", "[mp][hosts]") {
   run_workers(6, "AUTO", "matrix",
               {"CHORUS_TEST_HOST_OF=0,0,0,1,1,1",
-               "CHORUS_ALGO=allreduce:hier,reducescatter:hier,allgather:hier"});
+               "CHORUS_ALGO=allreduce:hier,reducescatter:hier,allgather:hier,broadcast:hier,reduce:hier"});
+}
+// The hierarchical Broadcast (broadcast_hier.cc) of random bytes from every root, in place and
+// not, every datatype; hosts interleaved in rank order; every rank checks its output and what
+// crossed hosts. Then counts large enough for its pipeline (2 MiB pieces of whole 512 KiB chunks,
+// at most 8), with short last chunks and pieces, under the model of 1 Gbit/s Ethernet between
+// hosts (a tuner file), which plans a tree across 2 hosts (one message per piece) and a chain
+// across 3, a tree within hosts of 2 ranks and a chain within hosts of 3.
+struct EthernetTunerFile {
+  std::string path;
+  EthernetTunerFile() {
+    char name[] = "/tmp/chorus-tuner-XXXXXX";
+    const int fd = mkstemp(name);
+    REQUIRE(fd >= 0);
+    const std::string text = "tcp 25 0.125\nshm 1 8\ndirect 1 8\nreduce 10\n";
+    REQUIRE(write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size()));
+    close(fd);
+    path = name;
+  }
+  ~EthernetTunerFile() { std::remove(path.c_str()); }
+};
+TEST_CASE("hierarchical Broadcast from every root on 2 hosts x 2 ranks", "[mp][hosts]") {
+  run_workers(4, "AUTO", "broadcast", {"CHORUS_TEST_HOST_OF=0,1,1,0"},
+              {"0,1,7,1023,100003", "broadcast:hier"});
+}
+TEST_CASE("hierarchical Broadcast from every root on 3 hosts x 2 ranks", "[mp][hosts]") {
+  run_workers(6, "AUTO", "broadcast", {"CHORUS_TEST_HOST_OF=0,1,2,2,1,0"},
+              {"0,1,7,1023,100003", "broadcast:hier"});
+}
+TEST_CASE("hierarchical Broadcast in pipelined pieces on 2 x 2, 3 x 2 and 2 x 3 ranks",
+          "[mp][hosts]") {
+  const EthernetTunerFile tuner;
+  for (const char* hosts : {"0,0,1,1", "0,1,2,0,1,2", "1,0,1,0,1,0"}) {
+    const int n = static_cast<int>(std::string(hosts).size() + 1) / 2;
+    run_workers(n, "AUTO", "broadcast",
+                {std::string("CHORUS_TEST_HOST_OF=") + hosts, "CHORUS_TUNER_FILE=" + tuner.path,
+                 "CHORUS_TEST_DATATYPES=int8,float,double"},
+                {"2500007", "broadcast:hier"});
+  }
+}
+// The hierarchical Reduce (reduce_hier.cc) the same way: every operator, root and datatype, in
+// place and not, checked exactly, and the bytes sent across hosts; then in pipelined pieces
+// under the Ethernet model (the same plans as the Broadcast's: tree or chain across, tree or
+// chain within).
+TEST_CASE("hierarchical Reduce from every root on 2 hosts x 2 ranks", "[mp][hosts]") {
+  run_workers(4, "AUTO", "reduce", {"CHORUS_TEST_HOST_OF=0,1,1,0"},
+              {"0,1,7,1023,100003", "reduce:hier"});
+}
+TEST_CASE("hierarchical Reduce from every root on 3 hosts x 2 ranks", "[mp][hosts]") {
+  run_workers(6, "AUTO", "reduce", {"CHORUS_TEST_HOST_OF=0,1,2,2,1,0"},
+              {"0,1,7,1023,100003", "reduce:hier"});
+}
+TEST_CASE("hierarchical Reduce in pipelined pieces on 2 x 2, 3 x 2 and 2 x 3 ranks",
+          "[mp][hosts]") {
+  const EthernetTunerFile tuner;
+  for (const char* hosts : {"0,0,1,1", "0,1,2,0,1,2", "1,0,1,0,1,0"}) {
+    const int n = static_cast<int>(std::string(hosts).size() + 1) / 2;
+    run_workers(n, "AUTO", "reduce",
+                {std::string("CHORUS_TEST_HOST_OF=") + hosts, "CHORUS_TUNER_FILE=" + tuner.path,
+                 "CHORUS_TEST_DATATYPES=float,double"},
+                {"2500007", "reduce:hier"});
+  }
 }
 TEST_CASE("AllReduce is bit-identical on every rank on 2 hosts x 2 ranks", "[mp][hosts][identical]") {
   run_workers(4, "AUTO", "identical", {"CHORUS_TEST_HOST_OF=0,0,1,1"});

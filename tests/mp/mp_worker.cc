@@ -7,6 +7,20 @@
 //                                         between them), float datatype and operator on random
 //                                         data: every rank's output bit-identical to every
 //                                         other's, and right against fp64 (identical_check.h).
+//   chorus_mp_worker broadcast counts spec
+//                                         Broadcast (CHORUS_ALGO=spec) of random bytes (any
+//                                         bit pattern: non-integer values, NaNs) from every root,
+//                                         in place and not, every datatype, each of the
+//                                         comma-separated counts; every rank checks its output
+//                                         byte for byte. With broadcast:hier on simulated hosts
+//                                         of equal size (CHORUS_TEST_HOST_OF), also what crossed
+//                                         hosts: the whole buffer into the rank of the root's
+//                                         local index on every other host, nothing else.
+//   chorus_mp_worker reduce counts spec
+//                                         Reduce (CHORUS_ALGO=spec), every operator, root,
+//                                         datatype and count, in place and not, checked exactly
+//                                         (coll_check.h); with reduce:hier on simulated hosts,
+//                                         also the bytes sent across hosts.
 //   chorus_mp_worker compressed           the compressed collectives (compress_check.h): error
 //                                         bound, identical results, volume, non-finite blocks,
 //                                         error feedback.
@@ -15,9 +29,12 @@
 //                                         counters: with CHORUS_TEST_REGISTERED=1 no payload
 //                                         byte may have gone through a ring (all by zero copy),
 //                                         without it none by zero copy.
+#include <chorus/compress.h>
 #include <chorus/launch.h>
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -115,6 +132,158 @@ int run_identical(ncclComm_t comm, int rank, int nranks, const std::string& coun
   return failures == 0 ? 0 : 1;
 }
 
+// The byte i of a Broadcast's input from `root` (a splitmix64 stream per call).
+uint8_t broadcast_byte(uint64_t call, size_t i) {
+  uint64_t z = call * 0x9E3779B97F4A7C15ull + (i / 8 + 1) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  z ^= z >> 31;
+  return static_cast<uint8_t>(z >> (8 * (i % 8)));
+}
+
+// Simulated hosts (CHORUS_TEST_HOST_OF): each rank's host and local index (its place among its
+// host's ranks); `hier` when there are several hosts of equal size, two ranks or more each
+// (where the hierarchical algorithms run).
+struct TestHosts {
+  std::vector<std::string> host_of;
+  std::vector<int> local_index;
+  bool hier = false;
+  explicit TestHosts(int nranks) : host_of(test_host_of()), local_index(host_of.size()) {
+    const auto size = [&](size_t r) { return std::count(host_of.begin(), host_of.end(), host_of[r]); };
+    hier = host_of.size() == static_cast<size_t>(nranks) && size(0) > 1 && size(0) < nranks;
+    for (size_t r = 0; hier && r < host_of.size(); ++r) {
+      local_index[r] = static_cast<int>(std::count(host_of.begin(), host_of.begin() + r, host_of[r]));
+      hier = size(r) == size(0);
+    }
+  }
+  // A rank of the root's local index on another host than the root's.
+  bool leader(int rank, int root) const {
+    return local_index[rank] == local_index[root] && host_of[rank] != host_of[root];
+  }
+  // Bytes this rank received from (or sent to) ranks of other hosts since the counters' reset.
+  unsigned long long across(ncclComm_t comm, int rank, bool sent) const {
+    unsigned long long bytes = 0;
+    for (size_t peer = 0; peer < host_of.size(); ++peer) {
+      chorusByteCounters_t b{};
+      if (host_of[peer] == host_of[rank]) continue;
+      if (chorusCommGetByteCounters(comm, static_cast<int>(peer), &b) != ncclSuccess) return ~0ull;
+      bytes += sent ? b.dataBytesSent : b.dataBytesReceived;
+    }
+    return bytes;
+  }
+};
+
+int run_broadcast(ncclComm_t comm, int rank, int nranks, const std::string& counts,
+                  const std::string& spec) {
+  std::vector<size_t> count_list;
+  for (const std::string& c : split(counts)) count_list.push_back(std::strtoull(c.c_str(), nullptr, 0));
+  setenv("CHORUS_ALGO", spec.c_str(), 1);
+  chorus::params::reload_for_testing();
+  const TestHosts hosts(nranks);
+  const bool check_volume = spec == "broadcast:hier" && hosts.hier;
+  int failures = 0, cases = 0;
+  uint64_t call = 0;
+  for (ncclDataType_t dtype : all_datatypes()) {
+    const size_t elem = chorus::verify::datatype_size(dtype);
+    for (size_t count : count_list) {
+      const size_t bytes = count * elem;
+      std::vector<uint8_t> in(bytes);
+      for (int root = 0; root < nranks; ++root) {
+        for (int in_place = 0; in_place < 2; ++in_place, ++call) {
+          ++cases;
+          // Guard bytes past the end stay untouched: one more element, filled alike everywhere.
+          std::vector<uint8_t> buf(bytes + elem, 0xA5);
+          uint8_t* recv = buf.data();
+          const uint8_t* send = in_place ? recv : in.data();
+          if (rank == root) {
+            uint8_t* src = in_place ? recv : in.data();
+            for (size_t i = 0; i < bytes; ++i) src[i] = broadcast_byte(call, i);
+          }
+          if (check_volume) chorusCommResetByteCounters(comm);
+          ncclResult_t r = ncclBroadcast(send, recv, count, dtype, root, comm, nullptr);
+          if (r != ncclSuccess) {
+            fmt::print(stderr, "rank {}: Broadcast of {} x dtype {} from {} returned {}: {}\n", rank,
+                       count, static_cast<int>(dtype), root, static_cast<int>(r),
+                       ncclGetLastError(comm));
+            return 1;  // the comm is broken
+          }
+          size_t wrong = 0, first = bytes;
+          for (size_t i = 0; i < bytes; ++i) {
+            if (recv[i] != broadcast_byte(call, i)) {
+              ++wrong;
+              first = std::min(first, i);
+            }
+          }
+          for (size_t i = bytes; i < bytes + elem; ++i) wrong += recv[i] != 0xA5 ? 1 : 0;
+          if (check_volume) {
+            // Bytes this rank received from other hosts: the buffer once on the rank of the
+            // root's local index of every host but the root's.
+            const unsigned long long across = hosts.across(comm, rank, false);
+            const unsigned long long want = hosts.leader(rank, root) ? bytes : 0;
+            if (across != want && ++failures <= 5)
+              fmt::print(stderr, "rank {}: Broadcast of {} bytes from {}: {} bytes from other "
+                         "hosts, want {}\n", rank, bytes, root, across, want);
+          }
+          if (wrong > 0 && ++failures <= 5)
+            fmt::print(stderr, "rank {}: {} Broadcast of {} x dtype {} from {}: {} bytes wrong, "
+                       "the first at {}\n", rank, in_place ? "in-place" : "out-of-place", count,
+                       static_cast<int>(dtype), root, wrong, first);
+        }
+      }
+    }
+  }
+  if (rank == 0) fmt::print("rank 0: {} Broadcast cases ({}), {} failures\n", cases, spec, failures);
+  return failures == 0 ? 0 : 1;
+}
+
+// Reduce (CHORUS_ALGO=spec) with every operator, from every root, in place and not, every
+// datatype, each count: the result checked exactly (coll_check.h); with reduce:hier on
+// simulated hosts of equal size, also what crossed hosts: the buffer once from the rank of the
+// root's local index on every other host, nothing else.
+int run_reduce(ncclComm_t comm, int rank, int nranks, const std::string& counts,
+               const std::string& spec) {
+  std::vector<size_t> count_list;
+  for (const std::string& c : split(counts)) count_list.push_back(std::strtoull(c.c_str(), nullptr, 0));
+  setenv("CHORUS_ALGO", spec.c_str(), 1);
+  chorus::params::reload_for_testing();
+  const TestHosts hosts(nranks);
+  const bool check_volume = spec == "reduce:hier" && hosts.hier;
+  int failures = 0, cases = 0;
+  for (ncclDataType_t dtype : all_datatypes()) {
+    for (int op = 0; op < kNumTestOps; ++op) {
+      for (size_t count : count_list) {
+        for (int root = 0; root < nranks; ++root) {
+          for (int in_place = 0; in_place < 2; ++in_place) {
+            Case c;
+            c.coll = Coll::kReduce;
+            c.dtype = dtype;
+            c.op = op;
+            c.count = count;
+            c.root = root;
+            c.in_place = in_place != 0;
+            ++cases;
+            if (check_volume) chorusCommResetByteCounters(comm);
+            std::string error = run_case(comm, c);
+            if (error.empty() && check_volume) {
+              const unsigned long long across = hosts.across(comm, rank, true);
+              const unsigned long long want =
+                  hosts.leader(rank, root) ? count * chorus::verify::datatype_size(dtype) : 0;
+              if (across != want)
+                error = fmt::format("{} bytes sent to other hosts, want {}", across, want);
+            }
+            if (!error.empty()) {
+              if (++failures <= 5) fmt::print(stderr, "rank {}: {}: {}\n", rank, c.describe(), error);
+              if (error.find("returned") != std::string::npos) return 1;  // the comm is broken
+            }
+          }
+        }
+      }
+    }
+  }
+  if (rank == 0) fmt::print("rank 0: {} Reduce cases ({}), {} failures\n", cases, spec, failures);
+  return failures == 0 ? 0 : 1;
+}
+
 #if CHORUS_MP_VERBS
 // Every message here is at least CHORUS_IB_RDV_BYTES: between registered buffers each goes
 // zero copy, else through the rings. What this rank receives at the least: one message of the
@@ -178,7 +347,7 @@ int main(int argc, char** argv) {
   place_on_test_host();
   if (argc < 2) {
     fmt::print(stderr,
-               "usage: {} matrix|stream-matrix [max_count] | identical [counts [algos]] | compressed | zero-copy "
+               "usage: {} matrix|stream-matrix [max_count] | identical [counts [algos]] | broadcast|reduce [counts [algo]] | compressed | zero-copy "
                "[count]\n",
                argv[0]);
     return 2;
@@ -200,6 +369,12 @@ int main(int argc, char** argv) {
   if (std::strcmp(argv[1], "stream-matrix") == 0) rc = run_matrix(comm, rank, nranks, max_count, true);
   if (std::strcmp(argv[1], "identical") == 0)
     rc = run_identical(comm, rank, nranks, argc > 2 ? argv[2] : "", argc > 3 ? argv[3] : "");
+  if (std::strcmp(argv[1], "broadcast") == 0)
+    rc = run_broadcast(comm, rank, nranks, argc > 2 ? argv[2] : "0,1,7,1023,100003",
+                       argc > 3 ? argv[3] : "broadcast:hier");
+  if (std::strcmp(argv[1], "reduce") == 0)
+    rc = run_reduce(comm, rank, nranks, argc > 2 ? argv[2] : "0,1,7,1023,100003",
+                    argc > 3 ? argv[3] : "reduce:hier");
   if (std::strcmp(argv[1], "compressed") == 0) {
     std::string f = check_compressed_matrix(comm, 77, /*large=*/nranks <= 4) +
                     check_compressed_volume(comm) + check_compressed_nonfinite(comm) +

@@ -4,7 +4,9 @@
 # own, so each host's ranks share memory and reach the others over TCP): 2 hosts x 2 ranks
 # placed alternately, then 3 hosts x 2 ranks in blocks, each rank's result bit-identical to
 # every other's and right against fp64 (the mp worker's identical check), for allreduce:hier
-# (in pipelined pieces at the larger count) and the tuner's choice; then 2 hosts x 2 rails,
+# (in pipelined pieces at the larger count) and the tuner's choice, and the hierarchical
+# Broadcast and Reduce from every root, in place and not, every rank's result checked (Reduce:
+# every operator); then 2 hosts x 2 rails,
 # each rail carrying its local rank's cross-host traffic.
 #   hier_test.sh TESTBED_SH CHORUS_RUN MP_WORKER
 # Exit 77 (skipped) without root, iproute2, nsenter or unshare.
@@ -31,6 +33,14 @@ check() {  # hosts ranks placement counts hosts_line
     exit 1
   fi
   grep "algorithms, 0 with failures" "$log"
+  "$tb" exec --hosts "$hosts" --rails 1 -- sh -c "\"\$TESTBED\" launch -n $n --placement $placement \
+    -x CHORUS_TEST_DATATYPES=float,bfloat16 $worker broadcast $counts broadcast:hier" > "$log" 2>&1 ||
+    { cat "$log"; echo "FAIL: Broadcast on $hosts hosts x $((n / hosts)) ranks"; exit 1; }
+  grep "Broadcast cases (broadcast:hier), 0 failures" "$log"
+  "$tb" exec --hosts "$hosts" --rails 1 -- sh -c "\"\$TESTBED\" launch -n $n --placement $placement \
+    -x CHORUS_TEST_DATATYPES=float,bfloat16 $worker reduce $counts reduce:hier" > "$log" 2>&1 ||
+    { cat "$log"; echo "FAIL: Reduce on $hosts hosts x $((n / hosts)) ranks"; exit 1; }
+  grep "Reduce cases (reduce:hier), 0 failures" "$log"
 }
 check 2 4 cyclic 1001,2500007 "2 host(s): tbed-[a-z0-9]*-h0 (0 2), tbed-[a-z0-9]*-h1 (1 3)"
 check 3 6 block 1001,300007 "3 host(s): tbed-[a-z0-9]*-h0 (0 1), tbed-[a-z0-9]*-h1 (2 3), tbed-[a-z0-9]*-h2 (4 5)"
@@ -52,4 +62,4 @@ INNER
   { cat "$log"; echo "FAIL: the hierarchical AllReduce did not use both rails"; rm -f "$log.sh"; exit 1; }
 rm -f "$log.sh"
 grep "on rail1\|MiB on rail0" "$log"
-echo "hier: the hierarchical AllReduce across 2 and 3 hosts, and on 2 rails, passed"
+echo "hier: the hierarchical AllReduce, Broadcast and Reduce across 2 and 3 hosts, and the AllReduce on 2 rails, passed"

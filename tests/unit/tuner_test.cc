@@ -85,5 +85,71 @@ TEST_CASE("64 hosts x 8 ranks: hierarchical at large sizes, a bandwidth algorith
         predict_us(m, Algo::kRing, CollKind::kAllReduce, 64, shape));
 }
 
+TEST_CASE("hierarchical Broadcast: chosen across hosts of equal size, pipelined in pieces",
+          "[tuner]") {
+  const CostModel m = ethernet();
+  for (const Shape& shape : {Shape{4, 2, 2}, Shape{6, 3, 2}, Shape{6, 2, 3}}) {
+    CAPTURE(shape.hosts, shape.local);
+    // 64 MiB: the chain across hosts carries it once (128 chunks of 512 KiB) with H - 2 hops
+    // to fill, against n - 2 for the chain through every rank; the host's ranks get it in 8
+    // pieces over shared memory while the next pieces cross.
+    const double hier = predict_us(m, Algo::kHierarchical, CollKind::kBroadcast, 64 * kMiB, shape);
+    const double chain = predict_us(m, Algo::kChain, CollKind::kBroadcast, 64 * kMiB, shape);
+    CHECK(hier < chain);
+    CHECK(hier / chain > 0.95);  // the network bounds both: S / beta
+    CHECK(choose(m, CollKind::kBroadcast, 64 * kMiB, shape, 1).algo == Algo::kHierarchical);
+    const RootedPlan plan = hier_rooted_plan(m, CollKind::kBroadcast, 64 * kMiB, shape);
+    // Between two hosts the tree is one message per piece (fewer latencies than the chain's
+    // chunks); through three, the chain (a tree would send each piece twice from the root).
+    CHECK(plan.across == (shape.hosts > 2 ? Algo::kChain : Algo::kTree));
+    CHECK(plan.pieces == 8);
+    // Small calls: one piece, and no slower than the flat tree under the model.
+    const RootedPlan small = hier_rooted_plan(m, CollKind::kBroadcast, 4096, shape);
+    CHECK(small.pieces == 1);
+    CHECK(predict_us(m, Algo::kHierarchical, CollKind::kBroadcast, 4096, shape) <
+          predict_us(m, Algo::kTree, CollKind::kBroadcast, 4096, shape));
+  }
+  // 64 hosts: a tree across them for small calls, the chain for large ones.
+  const Shape big{512, 64, 8};
+  CHECK(hier_rooted_plan(m, CollKind::kBroadcast, 64, big).across == Algo::kTree);
+  CHECK(hier_rooted_plan(m, CollKind::kBroadcast, 256 * kMiB, big).across == Algo::kChain);
+  CHECK(choose(m, CollKind::kBroadcast, 256 * kMiB, big, 1).algo == Algo::kHierarchical);
+}
+
+TEST_CASE("hierarchical Broadcast: never on one host or hosts of different sizes", "[tuner]") {
+  const CostModel m = ethernet();
+  for (int n : {2, 4, 8}) {
+    CHECK(predict_us(m, Algo::kHierarchical, CollKind::kBroadcast, 64 * kMiB, Shape::flat(n)) >= 1e29);
+    CHECK(choose(m, CollKind::kBroadcast, 64 * kMiB, Shape::flat(n), 1).algo != Algo::kHierarchical);
+  }
+  const Shape uneven{3, 2, 0};
+  CHECK(choose(m, CollKind::kBroadcast, 64 * kMiB, uneven, 1).algo != Algo::kHierarchical);
+  CHECK(choose(m, CollKind::kBroadcast, 64 * kMiB, Shape{4, 4, 1}, 1).algo != Algo::kHierarchical);
+  chorus::test::ScopedEnv forced("CHORUS_ALGO", "broadcast:hier");
+  CHECK(choose(m, CollKind::kBroadcast, 64 * kMiB, Shape{4, 2, 2}, 1).algo == Algo::kHierarchical);
+  // Forced where it cannot run: the flat fallback (run.cc maps it to the chain).
+  CHECK(choose(m, CollKind::kBroadcast, 64 * kMiB, uneven, 1).algo == Algo::kRing);
+}
+
+TEST_CASE("hierarchical Reduce: the Broadcast's stages in the other order", "[tuner]") {
+  const CostModel m = ethernet();
+  for (const Shape& shape : {Shape{4, 2, 2}, Shape{6, 3, 2}, Shape{6, 2, 3}}) {
+    CAPTURE(shape.hosts, shape.local);
+    const double hier = predict_us(m, Algo::kHierarchical, CollKind::kReduce, 64 * kMiB, shape);
+    const double chain = predict_us(m, Algo::kChain, CollKind::kReduce, 64 * kMiB, shape);
+    CHECK(hier < chain);
+    CHECK(choose(m, CollKind::kReduce, 64 * kMiB, shape, 1).algo == Algo::kHierarchical);
+    CHECK(hier_rooted_plan(m, CollKind::kReduce, 64 * kMiB, shape).pieces == 8);
+  }
+  for (int n : {2, 4, 8}) {
+    CHECK(predict_us(m, Algo::kHierarchical, CollKind::kReduce, 64 * kMiB, Shape::flat(n)) >= 1e29);
+    CHECK(choose(m, CollKind::kReduce, 64 * kMiB, Shape::flat(n), 1).algo != Algo::kHierarchical);
+  }
+  CHECK(choose(m, CollKind::kReduce, 64 * kMiB, Shape{3, 2, 0}, 1).algo != Algo::kHierarchical);
+  chorus::test::ScopedEnv forced("CHORUS_ALGO", "reduce:hier");
+  CHECK(choose(m, CollKind::kReduce, 64 * kMiB, Shape{4, 2, 2}, 1).algo == Algo::kHierarchical);
+  CHECK(choose(m, CollKind::kReduce, 64 * kMiB, Shape{3, 2, 0}, 1).algo == Algo::kRing);
+}
+
 }  // namespace
 }  // namespace chorus::algo

@@ -1,0 +1,194 @@
+// SPDX-License-Identifier: Apache-2.0
+// File: src/algo/reduce_hier.cc
+// Hierarchical Reduce, the mirror of broadcast_hier.cc, for communicators that span hosts with
+// L ranks each. The root is R(rh, l); R(h, l) is the "leader" of host h.
+//   1. within each host, its ranks reduce to the leader (chain or tree over the intra-host
+//      link): the host's sum, in recvbuf on the root, in scratch on the other leaders;
+//   2. across hosts, the leaders (one per host, the root's local index: on its own rail when a
+//      host has one per rank) reduce the host sums to the root: a pipelined chain through the
+//      hosts ending at rh, or a binomial tree for small calls.
+// Each byte crosses the network once per host.
+//
+// The call is cut in pieces of whole chunks (hier_rooted_plan, tuner.cc): a leader runs the
+// two stages in two fibers, sending piece p across hosts as soon as its host has reduced it,
+// while the host reduces the next pieces. The fibers talk to different peers.
+#include <algorithm>
+#include <atomic>
+#include <climits>
+#include <memory>
+#include <vector>
+
+#include "algo/algo.h"
+#include "algo/tuner.h"
+#include "common/params.h"
+#include "core/comm.h"
+
+namespace chorus::algo {
+
+namespace {
+
+// Pieces this leader's host has reduced (in `sum`). A failed stage sets it to the end, so that
+// the other fiber never waits for it.
+struct Progress {
+  std::atomic<uint32_t> pieces{0};
+  bool failed = false;
+  void fail() {
+    failed = true;
+    pieces.store(UINT_MAX, std::memory_order_release);
+  }
+};
+
+struct Stages {
+  OpContext* host = nullptr;    // this host's ranks
+  OpContext* across = nullptr;  // the root's local index on every host, in host order
+  RootedPlan plan;
+  int root_host = 0;   // the root's host: its group rank in `across`
+  int root_local = 0;  // the root's local index: its group rank in `host`
+  bool leader = false;  // this rank is in `across`
+  size_t chunk = 1;     // bytes, a multiple of the element size
+  char* sum = nullptr;  // a leader's host sum (recvbuf on the root), folded in place across hosts
+  // Where piece p of the call starts, in bytes (pieces are cut at whole chunks).
+  size_t offset(const Args& a, int p) const {
+    return unit_offset(a.count, plan.pieces, p, chunk / a.elem_size) * a.elem_size;
+  }
+  // Piece p of the call (recvbuf may be null off the root).
+  Args piece(const Args& a, int p) const {
+    const size_t begin = offset(a, p);
+    Args s = a;
+    s.in = a.in + begin;
+    s.out = a.out != nullptr ? a.out + begin : nullptr;
+    s.count = (offset(a, p + 1) - begin) / a.elem_size;
+    return s;
+  }
+};
+
+// Within the host, piece by piece, to its leader.
+Task within_host(const Stages& st, Args a, std::shared_ptr<Progress> progress) {
+  for (int p = 0; p < st.plan.pieces; ++p) {
+    Args s = st.piece(a, p);
+    s.root = st.root_local;
+    if (st.leader) s.out = st.sum + st.offset(a, p);
+    // Not a conditional expression of two co_awaits (GCC 12: see run.cc).
+    Status status;
+    if (st.plan.within == Algo::kTree) {
+      status = co_await reduce_tree(*st.host, s);
+    } else {
+      status = co_await reduce_chain(*st.host, s);
+    }
+    if (!status.ok()) {
+      progress->fail();
+      co_return status;
+    }
+    progress->pieces.store(static_cast<uint32_t>(p + 1), std::memory_order_release);
+  }
+  co_return Status();
+}
+
+// The cross-host chain towards the root, chunk by chunk, each piece once this host has it:
+// the leader farthest from the root sends its host's sum, every other folds what arrives into
+// its own (in place) and passes it on.
+Task across_chain(const Stages& st, Args a, std::shared_ptr<Progress> progress) {
+  OpContext& ctx = *st.across;
+  const int n = ctx.nranks(), pos = mod(ctx.rank() - st.root_host, n);
+  const int from = pos < n - 1 ? mod(ctx.rank() + 1, n) : -1;  // farther from the root
+  const int to = pos > 0 ? mod(ctx.rank() - 1, n) : -1;        // nearer the root
+  const size_t bytes = a.count * a.elem_size, chunk = st.chunk;
+  const size_t nchunks = (bytes + chunk - 1) / chunk;
+  auto chunk_len = [&](size_t c) { return std::min(chunk, bytes - c * chunk); };
+  auto recvs = std::make_unique<RecvRequest[]>(from >= 0 ? nchunks : 0);
+  auto sends = std::make_unique<SendRequest[]>(to >= 0 ? nchunks : 0);
+  size_t c = 0;
+  for (int p = 0; p < st.plan.pieces; ++p) {
+    co_await wait_until(WaitCond{&progress->pieces, static_cast<uint32_t>(p + 1)});
+    if (progress->failed) co_return Status();  // the other fiber's error is the operation's
+    const size_t end = st.offset(a, p + 1);
+    const size_t first = c;
+    for (size_t k = first; k * chunk < end; ++k) {
+      if (from >= 0)
+        ctx.recv_reduce(recvs[k], from, a.channel, st.sum + k * chunk, st.sum + k * chunk,
+                        chunk_len(k), a.reduce, a.elem_size);
+    }
+    for (; c * chunk < end; ++c) {
+      if (from >= 0) {
+        Status status = co_await ctx.wait(recvs[c]);
+        if (!status.ok()) {
+          progress->fail();
+          co_return status;
+        }
+      }
+      if (to >= 0) ctx.send(sends[c], to, a.channel, st.sum + c * chunk, chunk_len(c));
+    }
+  }
+  if (to >= 0) {
+    for (c = 0; c < nchunks; ++c) {
+      Status status = co_await ctx.wait(sends[c]);
+      if (!status.ok()) {
+        progress->fail();
+        co_return status;
+      }
+    }
+  }
+  co_return Status();
+}
+
+// The cross-host binomial tree, once per piece (its input is this host's sum; the root's
+// output is that sum too, in recvbuf, folded in place).
+Task across_tree(const Stages& st, Args a, std::shared_ptr<Progress> progress) {
+  for (int p = 0; p < st.plan.pieces; ++p) {
+    co_await wait_until(WaitCond{&progress->pieces, static_cast<uint32_t>(p + 1)});
+    if (progress->failed) co_return Status();
+    Args s = st.piece(a, p);
+    s.out = st.sum + st.offset(a, p);
+    s.in = s.out;
+    s.root = st.root_host;
+    Status status = co_await reduce_tree(*st.across, s);
+    if (!status.ok()) {
+      progress->fail();
+      co_return status;
+    }
+  }
+  co_return Status();
+}
+
+}  // namespace
+
+Task reduce_hier(OpContext& ctx, Args a) {
+  const Comm& comm = ctx.comm();
+  const int local = comm.ranks_per_host();
+  const auto& hosts = comm.hosts();
+  const int nh = static_cast<int>(hosts.size());
+  // A group view, one host, or hosts with different numbers of ranks: the flat chain.
+  if (ctx.is_group() || nh < 2 || local < 2) co_return co_await reduce_chain(ctx, a);
+  const size_t bytes = a.count * a.elem_size;
+  if (bytes == 0) co_return Status();
+  const int me = ctx.rank(), mh = comm.host_of(me);
+
+  Stages st;
+  st.plan = hier_rooted_plan(comm.cost_model(), CollKind::kReduce, bytes, comm.shape());
+  st.root_host = comm.host_of(a.root);
+  st.root_local = comm.local_index(a.root);
+  st.leader = comm.local_index(me) == st.root_local;
+  const size_t chunk = static_cast<size_t>(params::kChunkBytes.get());
+  st.chunk = std::max(a.elem_size, chunk / a.elem_size * a.elem_size);
+  OpContext host(ctx, hosts[mh]);
+  st.host = &host;
+  if (!st.leader) co_return co_await within_host(st, a, std::make_shared<Progress>());
+
+  // Scratch slot 7: not used by the stages' algorithms (reduce_tree: 4, reduce_chain: 8 + channel).
+  st.sum = me == a.root ? a.out : static_cast<char*>(ctx.scratch(7, bytes));
+  std::vector<int> leaders;
+  for (const auto& h : hosts) leaders.push_back(h[st.root_local]);
+  OpContext across(ctx, std::move(leaders));
+  st.across = &across;
+  auto progress = std::make_shared<Progress>();
+  FiberGroup group;
+  group.spawn(within_host(st, a, progress));
+  if (st.plan.across == Algo::kTree) {
+    group.spawn(across_tree(st, a, progress));
+  } else {
+    group.spawn(across_chain(st, a, progress));
+  }
+  co_return co_await group.join();
+}
+
+}  // namespace chorus::algo
