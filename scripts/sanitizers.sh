@@ -62,11 +62,12 @@ done
 #     matrices with chunks over 3 paths (TCP, shared memory) run the chunk layer's splitting
 #     under ASan, TSan runs it for the threads;
 #   - both: the repeats among the tests on simulated hosts (mp:*hosts*): ASan keeps the matrix
-#     with the hierarchical algorithms forced on 3 x 2 hosts, the pipelined AllReduce and the
-#     compressed collectives on 2 x 2 hosts (the other shapes run the same code with other
-#     counts); TSan, looking for races between threads, which the hierarchical algorithms do
-#     not add (their stages are fibers of the one thread that drives the operation), keeps the
-#     matrix alone;
+#     with the hierarchical algorithms forced on 3 x 2 hosts, the pipelined AllReduce, Broadcast
+#     and Reduce, the Broadcast and Reduce from every root on 3 x 2 hosts, the tree algorithms
+#     on round-robin hosts and the compressed collectives on 2 x 2 hosts (the other shapes run
+#     the same code with other counts); TSan, looking for races between threads, which the
+#     hierarchical algorithms do not add (their stages are fibers of the one thread that drives
+#     the operation), keeps the matrix alone;
 #   - both: the launcher and layering checks (a shell script around chorus-run, and builds of
 #     probe files), which exercise no instrumented code, and the tools' checks (tools:, scripts
 #     around chorus-info, which these builds do not build).
@@ -83,8 +84,8 @@ not_instrumented='^(abi|install|example|netns|launcher|layers|tools):'
 default_matrix='^ranks:.* matrix with [0-9]+ ranks$'
 second_rank_count='^mp:multi-process matrix (over shared memory with 4|over TCP with 2|over UCX \(tcp\) with 2|over UCX \(shared memory\) with 4) ranks$'
 compress_repeats='^(ranks:compressed collectives are within|mp:compressed collectives over shared memory|ranks:ring and chain split over several channels$)'
-host_repeats='^mp:(AllReduce is bit-identical on every rank on .*(hosts|ranks)$|multi-process matrix on 2 hosts x 2 ranks$|multi-process matrix, hierarchical algorithms forced, on 2 hosts x 3 ranks$)'
-host_tsan='^mp:(hierarchical AllReduce in pipelined pieces|compressed collectives on 2 hosts)'
+host_repeats='^mp:(AllReduce is bit-identical on every rank on .*(hosts|ranks)$|multi-process matrix on 2 hosts x 2 ranks$|multi-process matrix, hierarchical algorithms forced, on 2 hosts x 3 ranks$|hierarchical (Broadcast|Reduce) from every root on 2 hosts x 2 ranks$)'
+host_tsan='^mp:(hierarchical AllReduce in pipelined pieces|compressed collectives on 2 hosts|hierarchical (Broadcast|Reduce) |multi-process matrix, tree algorithms forced)'
 asan_exclude="$not_instrumented|$default_matrix|$second_rank_count|$compress_repeats|$host_repeats"
 asan_datatypes=int8,half,float,double
 protocol_variants='^mp:multi-process matrix over (shared memory with 2 ranks|shared memory, (every message by reference|registered buffers, every message mapped|no message by reference|registered buffers, chunks over 3 paths)|TCP, chunks over 3 paths per peer)$'
