@@ -120,6 +120,14 @@ class RingView {
   int pos_, n_;
 };
 
+// The order a rooted tree runs in across hosts: the root, the other ranks of its host, then
+// every other host's ranks, host after host (Comm::hosts()), each from the rank of the root's
+// local index on (where the tree's message from another host arrives), so that each host is one block of
+// the tree's order from the root on and few of its edges cross hosts (H - 1 of a binomial
+// tree's n - 1 with hosts of 2^k ranks). Empty in a group view or on one host: the tree then
+// runs in rank order.
+std::vector<int> host_tree_order(const OpContext& ctx, int root);
+
 // Folds n ranks onto the largest power of two p2 <= n, as recursive doubling and halving
 // need: of the first 2*(n - p2) ranks, the even ones hand their data to the next (odd) rank
 // and sit out; every other rank takes part with a virtual rank in [0, p2).

@@ -3,17 +3,14 @@
 // Binomial-tree Broadcast: ceil(log2 n) rounds; in round k every rank that has the data sends
 // it to the rank 2^k further (relative to the root). The latency algorithm for small buffers.
 #include "algo/algo.h"
-#include "core/comm.h"
 
 namespace chorus::algo {
 
 Task broadcast_tree(OpContext& ctx, Args a) {
-  if (!ctx.is_group() && !ctx.comm().ring_is_rank_order()) {
-    // In the comm's ring order (a host's ranks together), so that few of the tree's edges
-    // cross hosts: with ranks placed round robin over H hosts, H - 1 messages of the tree cross
-    // instead of nearly all of them.
-    OpContext hosts_together(ctx, ctx.comm().ring());
-    a.root = ctx.comm().ring_pos(a.root);
+  if (std::vector<int> order = host_tree_order(ctx, a.root); !order.empty()) {
+    // Across hosts: in an order that keeps each host's ranks together from the root on.
+    OpContext hosts_together(ctx, std::move(order));
+    a.root = 0;
     co_return co_await broadcast_tree(hosts_together, a);
   }
   const int n = ctx.nranks(), r = ctx.rank();

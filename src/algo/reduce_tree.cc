@@ -4,17 +4,14 @@
 // children (v + 1, v + 2, v + 4, ... below its lowest set bit) into its own, then sends the
 // result to its parent; the root folds into recvbuf.
 #include "algo/algo.h"
-#include "core/comm.h"
 
 namespace chorus::algo {
 
 Task reduce_tree(OpContext& ctx, Args a) {
-  if (!ctx.is_group() && !ctx.comm().ring_is_rank_order()) {
-    // In the comm's ring order (a host's ranks together), so that few of the tree's edges
-    // cross hosts: with ranks placed round robin over H hosts, H - 1 messages of the tree cross
-    // instead of nearly all of them.
-    OpContext hosts_together(ctx, ctx.comm().ring());
-    a.root = ctx.comm().ring_pos(a.root);
+  if (std::vector<int> order = host_tree_order(ctx, a.root); !order.empty()) {
+    // Across hosts: in an order that keeps each host's ranks together from the root on.
+    OpContext hosts_together(ctx, std::move(order));
+    a.root = 0;
     co_return co_await reduce_tree(hosts_together, a);
   }
   const int n = ctx.nranks(), r = ctx.rank();

@@ -44,6 +44,27 @@ RingView::RingView(const OpContext& ctx)
 
 int RingView::pos_of(int rank) const { return order_ != nullptr ? comm_.ring_pos(rank) : rank; }
 
+std::vector<int> host_tree_order(const OpContext& ctx, int root) {
+  std::vector<int> order;
+  const Comm& comm = ctx.comm();
+  const auto& hosts = comm.hosts();
+  if (ctx.is_group() || hosts.size() < 2) return order;
+  order.reserve(static_cast<size_t>(ctx.nranks()));
+  const size_t home = static_cast<size_t>(comm.host_of(root));
+  order.push_back(root);
+  for (int r : hosts[home])
+    if (r != root) order.push_back(r);
+  // Each other host from the rank of the root's local index on (the one a tree's message
+  // from another host reaches first: rail-aligned with the root).
+  const size_t l = static_cast<size_t>(comm.local_index(root));
+  for (size_t k = 1; k < hosts.size(); ++k) {
+    const std::vector<int>& h = hosts[(home + k) % hosts.size()];
+    const size_t first = l < h.size() ? l : 0;
+    for (size_t i = 0; i < h.size(); ++i) order.push_back(h[(first + i) % h.size()]);
+  }
+  return order;
+}
+
 void copy_if_needed(void* dst, const void* src, size_t bytes) {
   if (bytes > 0 && dst != src) std::memcpy(dst, src, bytes);
 }

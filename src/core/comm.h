@@ -127,8 +127,6 @@ class Comm : public std::enable_shared_from_this<Comm> {
   // ring is rank order (RANK). The same on every rank.
   const std::vector<int>& ring() const { return ring_; }
   int ring_pos(int rank) const { return ring_pos_[rank]; }
-  // The ring is rank order (one host, hosts of consecutive ranks, or CHORUS_RING=RANK).
-  bool ring_is_rank_order() const { return ring_is_rank_order_; }
   // The hosts (peers with one host_hash): hosts()[h] lists host h's ranks in rank order, hosts
   // in the order of their lowest rank; rank r is the local_index(r)-th rank of host_of(r).
   const std::vector<std::vector<int>>& hosts() const { return hosts_; }
@@ -259,7 +257,6 @@ class Comm : public std::enable_shared_from_this<Comm> {
   int cu_device_ = -1;
   std::vector<PeerInfo> peers_;
   std::vector<int> ring_, ring_pos_;
-  bool ring_is_rank_order_ = true;
   std::vector<std::vector<int>> hosts_;
   std::vector<int> host_of_, local_index_;
   int ranks_per_host_ = 1;

@@ -389,11 +389,7 @@ void Comm::set_host_layout() {
     ring_ = topo::host_ring_order(host_hashes);  // hosts_ concatenated
   }
   ring_pos_.assign(n, 0);
-  ring_is_rank_order_ = true;
-  for (int p = 0; p < n; ++p) {
-    ring_pos_[ring_[p]] = p;
-    if (ring_[p] != p) ring_is_rank_order_ = false;
-  }
+  for (int p = 0; p < n; ++p) ring_pos_[ring_[p]] = p;
 }
 
 }  // namespace chorus

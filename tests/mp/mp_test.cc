@@ -219,6 +219,19 @@ TEST_CASE("multi-process matrix, tree algorithms forced, on 3 hosts x 2 ranks ro
               {"CHORUS_TEST_HOST_OF=0,1,2,0,1,2",
                "CHORUS_ALGO=allreduce:tree,broadcast:tree,reduce:tree"});
 }
+// The trees in host order (algo::host_tree_order) on hosts of 2 ranks placed round robin: each
+// rank's bytes checked, and what crossed hosts: once into each host, at the rank of the root's
+// local index, as the hierarchical algorithms.
+TEST_CASE("tree Broadcast from every root crosses into each host once, on 3 hosts x 2 ranks round robin",
+          "[mp][hosts]") {
+  run_workers(6, "AUTO", "broadcast", {"CHORUS_TEST_HOST_OF=0,1,2,0,1,2"},
+              {"1,7,100003", "broadcast:tree"});
+}
+TEST_CASE("tree Reduce to every root crosses from each host once, on 3 hosts x 2 ranks round robin",
+          "[mp][hosts]") {
+  run_workers(6, "AUTO", "reduce", {"CHORUS_TEST_HOST_OF=0,1,2,0,1,2"},
+              {"1,7,100003", "reduce:tree"});
+}
 
 TEST_CASE("compressed collectives over shared memory with 4 ranks", "[mp][shm][compress]") {
   run_workers(4, "SHM", "compressed");

@@ -12,14 +12,16 @@
 //                                         bit pattern: non-integer values, NaNs) from every root,
 //                                         in place and not, every datatype, each of the
 //                                         comma-separated counts; every rank checks its output
-//                                         byte for byte. With broadcast:hier on simulated hosts
+//                                         byte for byte. With broadcast:hier (or broadcast:tree
+//                                         on hosts of 2^k ranks) on simulated hosts
 //                                         of equal size (CHORUS_TEST_HOST_OF), also what crossed
 //                                         hosts: the whole buffer into the rank of the root's
 //                                         local index on every other host, nothing else.
 //   chorus_mp_worker reduce counts spec
 //                                         Reduce (CHORUS_ALGO=spec), every operator, root,
 //                                         datatype and count, in place and not, checked exactly
-//                                         (coll_check.h); with reduce:hier on simulated hosts,
+//                                         (coll_check.h); with reduce:hier (or reduce:tree, hosts
+//                                         of 2^k ranks) on simulated hosts,
 //                                         also the bytes sent across hosts.
 //   chorus_mp_worker compressed           the compressed collectives (compress_check.h): error
 //                                         bound, identical results, volume, non-finite blocks,
@@ -148,9 +150,14 @@ struct TestHosts {
   std::vector<std::string> host_of;
   std::vector<int> local_index;
   bool hier = false;
+  // Hosts of 2^k ranks: a binomial tree in the host order of the tree algorithms
+  // (algo::host_tree_order) then crosses hosts once into each host, at the rank of the root's
+  // local index, as the hierarchical algorithms do.
+  bool power_of_two = false;
   explicit TestHosts(int nranks) : host_of(test_host_of()), local_index(host_of.size()) {
     const auto size = [&](size_t r) { return std::count(host_of.begin(), host_of.end(), host_of[r]); };
     hier = host_of.size() == static_cast<size_t>(nranks) && size(0) > 1 && size(0) < nranks;
+    power_of_two = hier && (size(0) & (size(0) - 1)) == 0;
     for (size_t r = 0; hier && r < host_of.size(); ++r) {
       local_index[r] = static_cast<int>(std::count(host_of.begin(), host_of.begin() + r, host_of[r]));
       hier = size(r) == size(0);
@@ -180,7 +187,8 @@ int run_broadcast(ncclComm_t comm, int rank, int nranks, const std::string& coun
   setenv("CHORUS_ALGO", spec.c_str(), 1);
   chorus::params::reload_for_testing();
   const TestHosts hosts(nranks);
-  const bool check_volume = spec == "broadcast:hier" && hosts.hier;
+  const bool check_volume =
+      (spec == "broadcast:hier" || (spec == "broadcast:tree" && hosts.power_of_two)) && hosts.hier;
   int failures = 0, cases = 0;
   uint64_t call = 0;
   for (ncclDataType_t dtype : all_datatypes()) {
@@ -247,7 +255,8 @@ int run_reduce(ncclComm_t comm, int rank, int nranks, const std::string& counts,
   setenv("CHORUS_ALGO", spec.c_str(), 1);
   chorus::params::reload_for_testing();
   const TestHosts hosts(nranks);
-  const bool check_volume = spec == "reduce:hier" && hosts.hier;
+  const bool check_volume =
+      (spec == "reduce:hier" || (spec == "reduce:tree" && hosts.power_of_two)) && hosts.hier;
   int failures = 0, cases = 0;
   for (ncclDataType_t dtype : all_datatypes()) {
     for (int op = 0; op < kNumTestOps; ++op) {
