@@ -168,11 +168,42 @@ struct Lanes {
   CHORUS_CODEC_INLINE static I max_abs(I a, F x) {
     return _mm256_max_epu32(a, _mm256_and_si256(_mm256_castps_si256(x), splat32(0x7fffffff)));
   }
-  CHORUS_CODEC_INLINE static uint32_t hmax(I a) {
-    __m128i m = _mm_max_epu32(_mm256_castsi256_si128(a), _mm256_extracti128_si256(a, 1));
-    m = _mm_max_epu32(m, _mm_shuffle_epi32(m, 0x4e));
-    m = _mm_max_epu32(m, _mm_shuffle_epi32(m, 0xb1));
-    return static_cast<uint32_t>(_mm_cvtsi128_si32(m));
+  // Lane j: the largest lane of a[j]. Three halving steps, each pairing two vectors and keeping
+  // the larger of their two halves (128, 64 bits, then single lanes); after the last, lane
+  // 4c + k holds block c + 2k, and a permute restores block order. 22 ops for 8 blocks.
+  CHORUS_CODEC_INLINE static I hmax_each(const I* a) {
+    I r1[4], r2[2];
+    for (int j = 0; j < 4; ++j) {  // half 0: block 2j, half 1: block 2j + 1
+      r1[j] = _mm256_max_epu32(_mm256_permute2x128_si256(a[2 * j], a[2 * j + 1], 0x20),
+                               _mm256_permute2x128_si256(a[2 * j], a[2 * j + 1], 0x31));
+    }
+    for (int j = 0; j < 2; ++j) {  // half c: qword 0 block 4j + c, qword 1 block 4j + 2 + c
+      r2[j] = _mm256_max_epu32(_mm256_unpacklo_epi64(r1[2 * j], r1[2 * j + 1]),
+                               _mm256_unpackhi_epi64(r1[2 * j], r1[2 * j + 1]));
+    }
+    const __m256 x = _mm256_castsi256_ps(r2[0]), y = _mm256_castsi256_ps(r2[1]);
+    const __m256i m = _mm256_max_epu32(
+        _mm256_castps_si256(_mm256_shuffle_ps(x, y, _MM_SHUFFLE(2, 0, 2, 0))),
+        _mm256_castps_si256(_mm256_shuffle_ps(x, y, _MM_SHUFFLE(3, 1, 3, 1))));
+    return _mm256_permutevar8x32_epi32(m, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+  }
+  CHORUS_CODEC_INLINE static void store_u32(uint32_t* p, I v) {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), v);
+  }
+  // codec::block_scale for FP32 scales, 8 blocks at once: the same divisions (vdivps rounds as
+  // divss does) and the same FLT_MIN floor (s is never NaN: non-finite lanes divide zero).
+  // Unsigned amax < 0x7f800000 is a signed compare: both sides are below 2^31 or amax is NaN.
+  template <class Fmt>
+  CHORUS_CODEC_INLINE static void fp32_scales(I amax, uint32_t* bits, float* inv) {
+    const __m256i finite = _mm256_andnot_si256(_mm256_cmpgt_epi32(amax, splat32(0x7f7fffffu)),
+                                               _mm256_cmpgt_epi32(splat32(0x7f800000u), amax));
+    const __m256 a = _mm256_castsi256_ps(_mm256_and_si256(finite, amax));
+    const __m256 s = _mm256_max_ps(_mm256_div_ps(a, _mm256_set1_ps(Fmt::kMaxValue)),
+                                   _mm256_set1_ps(FLT_MIN));
+    _mm256_storeu_ps(inv, _mm256_div_ps(_mm256_set1_ps(1.0f), s));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(bits),
+                        _mm256_blendv_epi8(splat32(codec::kNanScaleBits), _mm256_castps_si256(s),
+                                           finite));
   }
   CHORUS_CODEC_INLINE static F splat(float f) { return _mm256_set1_ps(f); }
   CHORUS_CODEC_INLINE static F mul(F a, F b) { return _mm256_mul_ps(a, b); }

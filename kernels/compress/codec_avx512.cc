@@ -159,8 +159,42 @@ struct Lanes {
   CHORUS_CODEC_INLINE static I max_abs(I a, F x) {
     return _mm512_max_epu32(a, _mm512_and_si512(_mm512_castps_si512(x), splat32(0x7fffffff)));
   }
-  CHORUS_CODEC_INLINE static uint32_t hmax(I a) {
-    return static_cast<uint32_t>(_mm512_reduce_max_epu32(a));
+  // Lane j: the largest lane of a[j]. Four halving steps, each pairing two vectors and keeping
+  // the larger of their two halves (256, 128, 64 bits, then single lanes); after the last, lane
+  // 4c + k holds block c + 4k, and a permute restores block order. 46 ops for 16 blocks.
+  CHORUS_CODEC_INLINE static I hmax_each(const I* a) {
+    I r1[8], r2[4], r3[2];
+    for (int j = 0; j < 8; ++j) {  // chunks 0-1: block 2j, 2-3: block 2j + 1
+      r1[j] = _mm512_max_epu32(_mm512_shuffle_i64x2(a[2 * j], a[2 * j + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                               _mm512_shuffle_i64x2(a[2 * j], a[2 * j + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+    }
+    for (int j = 0; j < 4; ++j) {  // chunk c: block 4j + c
+      r2[j] = _mm512_max_epu32(_mm512_shuffle_i64x2(r1[2 * j], r1[2 * j + 1], _MM_SHUFFLE(2, 0, 2, 0)),
+                               _mm512_shuffle_i64x2(r1[2 * j], r1[2 * j + 1], _MM_SHUFFLE(3, 1, 3, 1)));
+    }
+    for (int j = 0; j < 2; ++j) {  // chunk c: qword 0 block 8j + c, qword 1 block 8j + 4 + c
+      r3[j] = _mm512_max_epu32(_mm512_unpacklo_epi64(r2[2 * j], r2[2 * j + 1]),
+                               _mm512_unpackhi_epi64(r2[2 * j], r2[2 * j + 1]));
+    }
+    const __m512 x = _mm512_castsi512_ps(r3[0]), y = _mm512_castsi512_ps(r3[1]);
+    const __m512i m = _mm512_max_epu32(
+        _mm512_castps_si512(_mm512_shuffle_ps(x, y, _MM_SHUFFLE(2, 0, 2, 0))),
+        _mm512_castps_si512(_mm512_shuffle_ps(x, y, _MM_SHUFFLE(3, 1, 3, 1))));
+    const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+    return _mm512_permutexvar_epi32(order, m);
+  }
+  CHORUS_CODEC_INLINE static void store_u32(uint32_t* p, I v) { _mm512_storeu_si512(p, v); }
+  // codec::block_scale for FP32 scales, 16 blocks at once: the same divisions (vdivps rounds as
+  // divss does) and the same FLT_MIN floor (s is never NaN: non-finite lanes divide zero).
+  template <class Fmt>
+  CHORUS_CODEC_INLINE static void fp32_scales(I amax, uint32_t* bits, float* inv) {
+    const __mmask16 finite = _mm512_cmplt_epu32_mask(amax, splat32(0x7f800000u));
+    const __m512 a = _mm512_castsi512_ps(_mm512_maskz_mov_epi32(finite, amax));
+    const __m512 s = _mm512_max_ps(_mm512_div_ps(a, _mm512_set1_ps(Fmt::kMaxValue)),
+                                   _mm512_set1_ps(FLT_MIN));
+    _mm512_storeu_ps(inv, _mm512_div_ps(_mm512_set1_ps(1.0f), s));
+    _mm512_storeu_si512(bits, _mm512_mask_blend_epi32(finite, splat32(codec::kNanScaleBits),
+                                                      _mm512_castps_si512(s)));
   }
   CHORUS_CODEC_INLINE static F splat(float f) { return _mm512_set1_ps(f); }
   // GCC writes _mm512_mul_ps and _mm512_add_ps as vector * and +, which it may contract into

@@ -9,7 +9,11 @@
 // An ISA provides a struct V (all members static):
 //   kWidth; F (kWidth fp32 lanes), I (kWidth uint32 lanes)
 //   F load<S>(const Byte*)                 kWidth source elements, widened exactly
-//   I max_abs(I, F), I zero(), uint32_t hmax(I)   running max of |x|'s bits
+//   I max_abs(I, F), I zero()             running max of |x|'s bits
+//   I hmax_each(const I acc[kWidth])      lane j: the largest lane of acc[j]
+//   void store_u32(uint32_t*, I)
+//   fp32_scales<Fmt>(I amax, uint32_t bits[kWidth], float inv[kWidth])   block_scale's FP32
+//       scales (bits) and multipliers (inv) of kWidth blocks; a non-finite block's inv is unused
 //   F splat(float), F mul(F, F), F add(F, F) (each rounded on its own: never fused into an FMA),
 //   F load_f32(const Byte*), store_f32(Byte*, F)
 //   F clamp(F v, F hi, F lo)                max(lo, min(hi, v)), a NaN v passing through
@@ -40,8 +44,9 @@ struct CodecBounce {
   alignas(64) Byte bytes[kBytes] = {};
 };
 
+// The running max of |x|'s bits over the n elements at x (a vector: V::hmax_each reduces it).
 template <class V, DataType S>
-CHORUS_CODEC_INLINE uint32_t block_amax(const Byte* x, size_t n) {
+CHORUS_CODEC_INLINE typename V::I block_amax(const Byte* x, size_t n) {
   constexpr size_t kW = V::kWidth, kEs = source_bytes(S);
   const size_t full = n - n % kW;
   auto amax = V::zero();
@@ -51,9 +56,14 @@ CHORUS_CODEC_INLINE uint32_t block_amax(const Byte* x, size_t n) {
     std::memcpy(tail.bytes, x + full * kEs, (n - full) * kEs);
     amax = V::max_abs(amax, V::template load<S>(tail.bytes));
   }
-  return V::hmax(amax);
+  return amax;
 }
 
+// Blocks are encoded in groups of kWidth. The amaxes of a group's blocks are taken first, as
+// kWidth vectors reduced together by one transposition (V::hmax_each: about 3 ops a block where
+// a reduction of its own takes 8, and no vector-to-scalar move), and FP32 scales are computed for
+// the whole group with vector divisions. Both steps are off the critical path of the encoding
+// loops, and the per-block work left is a broadcast and a store.
 template <class V, DataType S, class Fmt, ScaleKind K, Rounding R>
 void encode_kernel(void* dst, const void* src, size_t count, uint32_t block, RandomStream rng) {
   constexpr size_t kW = V::kWidth, kEs = source_bytes(S);
@@ -61,59 +71,76 @@ void encode_kernel(void* dst, const void* src, size_t count, uint32_t block, Ran
   auto* scales = static_cast<Byte*>(dst);
   Byte* codes = scales + nb * scale_bytes(K);
   const auto* in = static_cast<const Byte*>(src);
-  // The amax of block b + 1 is taken before block b is encoded, so that the latency of its
-  // reduction and of the scale's divisions overlaps block b's work.
-  uint32_t amax = nb != 0 ? block_amax<V, S>(in, count < block ? count : block) : 0;
-  for (size_t b = 0; b < nb; ++b) {
-    const size_t begin = b * block;
-    const size_t n = count - begin < block ? count - begin : block;
-    const Byte* x = in + begin * kEs;
-    Byte* c = codes + begin;
-    const BlockScale scale = block_scale<Fmt, K>(amax);
-    store_scale<K>(scales, b, scale.bits);
-    if (b + 1 < nb) {
-      const size_t next = count - begin - n < block ? count - begin - n : block;
-      amax = block_amax<V, S>(x + n * kEs, next);
+  alignas(64) uint32_t amax[kW];
+  alignas(64) uint32_t bits[kW];
+  alignas(64) float inv_of[kW];
+  for (size_t g = 0; g < nb; g += kW) {
+    const size_t blocks = nb - g < kW ? nb - g : kW;
+    typename V::I acc[kW];
+    for (size_t j = 0; j < kW; ++j) {
+      const size_t begin = (g + j) * block;
+      acc[j] = j < blocks ? block_amax<V, S>(in + begin * kEs,
+                                             count - begin < block ? count - begin : block)
+                          : V::zero();
     }
-    if (!scale.finite) {
-      std::memset(c, static_cast<int>(Fmt::kNanCode), n);
-      continue;
-    }
-    const auto inv = V::splat(scale.inv);
-    uint32_t lo = 0, k0 = 0, k1 = 0;
-    bool wraps = false;  // the block's indices cross a multiple of 2^32: two keys
-    if constexpr (R == Rounding::kStochastic) {
-      const uint64_t base = rng.counter + begin;
-      lo = static_cast<uint32_t>(base);
-      k0 = stream_key(rng.seed, static_cast<uint32_t>(base >> 32));
-      k1 = stream_key(rng.seed, static_cast<uint32_t>(base >> 32) + 1);
-      wraps = static_cast<uint32_t>(lo + (n - 1)) < lo;
-    }
-    // The codes of the kWidth elements at p, element i of the block first.
-    auto codes_at = [&](const Byte* p, size_t i) CHORUS_CODEC_INLINE_LAMBDA {
-      const auto q = V::mul(V::template load<S>(p), inv);
-      if constexpr (R == Rounding::kNearestEven) {
-        return V::template codes_rne<Fmt>(q);
-      } else {
-        const auto first = lo + static_cast<uint32_t>(i);
-        return V::template codes_sr<Fmt>(
-            q, wraps ? V::random(first, lo, k0, k1) : V::random_one_key(first, k0));
+    const auto group_amax = V::hmax_each(acc);
+    V::store_u32(amax, group_amax);
+    if constexpr (K == ScaleKind::kFloat32) {
+      V::template fp32_scales<Fmt>(group_amax, bits, inv_of);
+    } else {
+      for (size_t j = 0; j < blocks; ++j) {
+        const BlockScale scale = block_scale<Fmt, K>(amax[j]);
+        bits[j] = scale.bits;
+        inv_of[j] = scale.inv;
       }
-    };
-    const size_t full = n - n % kW;
-    size_t i = 0;
-    for (; i + 4 * kW <= full; i += 4 * kW) {
-      V::store_codes4(c + i, codes_at(x + i * kEs, i), codes_at(x + (i + kW) * kEs, i + kW),
-                      codes_at(x + (i + 2 * kW) * kEs, i + 2 * kW),
-                      codes_at(x + (i + 3 * kW) * kEs, i + 3 * kW));
     }
-    for (; i < full; i += kW) V::store_codes(c + i, codes_at(x + i * kEs, i));
-    if (full != n) {
-      CodecBounce<kW * kEs> tail;
-      CodecBounce<kW> out;
-      std::memcpy(tail.bytes, x + full * kEs, (n - full) * kEs);
-      V::store_codes(out.bytes, codes_at(tail.bytes, full));
-      std::memcpy(c + full, out.bytes, n - full);
+    for (size_t j = 0; j < blocks; ++j) {
+      const size_t b = g + j;
+      const size_t begin = b * block;
+      const size_t n = count - begin < block ? count - begin : block;
+      const Byte* x = in + begin * kEs;
+      Byte* c = codes + begin;
+      store_scale<K>(scales, b, bits[j]);
+      if (amax[j] >= 0x7f800000u) {  // an Inf or NaN in the block (block_scale's test)
+        std::memset(c, static_cast<int>(Fmt::kNanCode), n);
+        continue;
+      }
+      const auto inv = V::splat(inv_of[j]);
+      uint32_t lo = 0, k0 = 0, k1 = 0;
+      bool wraps = false;  // the block's indices cross a multiple of 2^32: two keys
+      if constexpr (R == Rounding::kStochastic) {
+        const uint64_t base = rng.counter + begin;
+        lo = static_cast<uint32_t>(base);
+        k0 = stream_key(rng.seed, static_cast<uint32_t>(base >> 32));
+        k1 = stream_key(rng.seed, static_cast<uint32_t>(base >> 32) + 1);
+        wraps = static_cast<uint32_t>(lo + (n - 1)) < lo;
+      }
+      // The codes of the kWidth elements at p, element i of the block first.
+      auto codes_at = [&](const Byte* p, size_t i) CHORUS_CODEC_INLINE_LAMBDA {
+        const auto q = V::mul(V::template load<S>(p), inv);
+        if constexpr (R == Rounding::kNearestEven) {
+          return V::template codes_rne<Fmt>(q);
+        } else {
+          const auto first = lo + static_cast<uint32_t>(i);
+          return V::template codes_sr<Fmt>(
+              q, wraps ? V::random(first, lo, k0, k1) : V::random_one_key(first, k0));
+        }
+      };
+      const size_t full = n - n % kW;
+      size_t i = 0;
+      for (; i + 4 * kW <= full; i += 4 * kW) {
+        V::store_codes4(c + i, codes_at(x + i * kEs, i), codes_at(x + (i + kW) * kEs, i + kW),
+                        codes_at(x + (i + 2 * kW) * kEs, i + 2 * kW),
+                        codes_at(x + (i + 3 * kW) * kEs, i + 3 * kW));
+      }
+      for (; i < full; i += kW) V::store_codes(c + i, codes_at(x + i * kEs, i));
+      if (full != n) {
+        CodecBounce<kW * kEs> tail;
+        CodecBounce<kW> out;
+        std::memcpy(tail.bytes, x + full * kEs, (n - full) * kEs);
+        V::store_codes(out.bytes, codes_at(tail.bytes, full));
+        std::memcpy(c + full, out.bytes, n - full);
+      }
     }
   }
 }
