@@ -19,11 +19,13 @@
 //   F clamp(F v, F hi, F lo)                max(lo, min(hi, v)), a NaN v passing through
 //   I codes_rne<Fmt>(F q), I codes_sr<Fmt>(F q, I r)   codes (with sign) in uint32 lanes
 //   store_codes(Byte*, I), store_codes4(Byte*, I, I, I, I)   kWidth or 4 * kWidth codes
+//   store_rne4<Fmt>(Byte*, F, F, F, F)      the 4 * kWidth codes_rne of four vectors, stored
 //   I random(uint32_t first, uint32_t lo, uint32_t k0, uint32_t k1)  the random words of the
 //       indices whose low halves are idx = first + lane (mod 2^32): fmix32(idx ^ (idx < lo ?
 //       k1 : k0)), lo being the block's first index (see random_word())
 //   I random_one_key(uint32_t first, uint32_t k0)    the same when no index wraps: fmix32(idx ^ k0)
 //   F load_codes<Fmt>(const Byte*)          kWidth codes' values (e4m3: divided by 256)
+//   void load_codes4<Fmt>(const Byte*, F&, F&, F&, F&)   the same for 4 * kWidth codes
 //   void store_out<S>(Byte*, F)             kWidth elements rounded to S as the reference
 #pragma once
 
@@ -115,9 +117,12 @@ void encode_kernel(void* dst, const void* src, size_t count, uint32_t block, Ran
         k1 = stream_key(rng.seed, static_cast<uint32_t>(base >> 32) + 1);
         wraps = static_cast<uint32_t>(lo + (n - 1)) < lo;
       }
+      auto scaled = [&](const Byte* p) CHORUS_CODEC_INLINE_LAMBDA {
+        return V::mul(V::template load<S>(p), inv);
+      };
       // The codes of the kWidth elements at p, element i of the block first.
       auto codes_at = [&](const Byte* p, size_t i) CHORUS_CODEC_INLINE_LAMBDA {
-        const auto q = V::mul(V::template load<S>(p), inv);
+        const auto q = scaled(p);
         if constexpr (R == Rounding::kNearestEven) {
           return V::template codes_rne<Fmt>(q);
         } else {
@@ -129,9 +134,15 @@ void encode_kernel(void* dst, const void* src, size_t count, uint32_t block, Ran
       const size_t full = n - n % kW;
       size_t i = 0;
       for (; i + 4 * kW <= full; i += 4 * kW) {
-        V::store_codes4(c + i, codes_at(x + i * kEs, i), codes_at(x + (i + kW) * kEs, i + kW),
-                        codes_at(x + (i + 2 * kW) * kEs, i + 2 * kW),
-                        codes_at(x + (i + 3 * kW) * kEs, i + 3 * kW));
+        if constexpr (R == Rounding::kNearestEven) {
+          V::template store_rne4<Fmt>(c + i, scaled(x + i * kEs), scaled(x + (i + kW) * kEs),
+                                      scaled(x + (i + 2 * kW) * kEs),
+                                      scaled(x + (i + 3 * kW) * kEs));
+        } else {
+          V::store_codes4(c + i, codes_at(x + i * kEs, i), codes_at(x + (i + kW) * kEs, i + kW),
+                          codes_at(x + (i + 2 * kW) * kEs, i + 2 * kW),
+                          codes_at(x + (i + 3 * kW) * kEs, i + 3 * kW));
+        }
       }
       for (; i < full; i += kW) V::store_codes(c + i, codes_at(x + i * kEs, i));
       if (full != n) {
@@ -182,67 +193,98 @@ struct DecodeLanes {
     return {V::splat(ds.first), V::splat(ds.second), V::splat(kOutputMax<S>),
             V::splat(-kOutputMax<S>), ds.twice, !bounded};
   }
-  // kWidth codes at p: value * s, saturated (see saturate()).
-  CHORUS_CODEC_INLINE typename V::F operator()(const Byte* p) const {
-    auto v = V::mul(V::template load_codes<Fmt>(p), first);
+  // load_codes() values v: v * s, saturated (see saturate()). kPlain: neither a second
+  // multiplication nor the saturation (the common case, taken with those tests out of the loop).
+  template <bool kPlain>
+  CHORUS_CODEC_INLINE typename V::F scale(typename V::F v) const {
+    v = V::mul(v, first);
+    if (kPlain) return v;
     if (twice) v = V::mul(v, second);
     return clamp ? V::clamp(v, hi, lo) : v;
   }
 };
 
-template <class V, DataType S, class Fmt, ScaleKind K>
-void decode_kernel(void* dst, const void* src, size_t count, uint32_t block) {
-  constexpr size_t kW = V::kWidth, kEs = source_bytes(S);
+// Calls out(i, values) for the kWidth decoded values of the codes at c + i, for every i < full
+// (a multiple of kWidth), 4 * kWidth codes at a time while it can (V::load_codes4).
+template <class V, class Fmt, bool kPlain, class Out>
+CHORUS_CODEC_INLINE void decode_run(const DecodeLanes<V, Fmt>& lanes, const Byte* c, size_t full,
+                                    Out&& out) {
+  constexpr size_t kW = V::kWidth;
+  size_t i = 0;
+  for (; i + 4 * kW <= full; i += 4 * kW) {
+    typename V::F v0, v1, v2, v3;
+    V::template load_codes4<Fmt>(c + i, v0, v1, v2, v3);
+    out(i, lanes.template scale<kPlain>(v0));
+    out(i + kW, lanes.template scale<kPlain>(v1));
+    out(i + 2 * kW, lanes.template scale<kPlain>(v2));
+    out(i + 3 * kW, lanes.template scale<kPlain>(v3));
+  }
+  for (; i < full; i += kW) out(i, lanes.template scale<kPlain>(V::template load_codes<Fmt>(c + i)));
+}
+
+// The blocks of a decode: out(p, i, values) for the kWidth values of the codes at p, element i
+// of the block first; a short tail goes through a zero-padded bounce buffer (out's elements past
+// the block's end are to be dropped).
+template <class V, DataType S, class Fmt, ScaleKind K, class Out, class Tail>
+CHORUS_CODEC_INLINE void decode_blocks(const void* src, size_t count, uint32_t block, Out&& out,
+                                       Tail&& tail_out) {
+  constexpr size_t kW = V::kWidth;
   const size_t nb = num_blocks(count, block);
   const auto* scales = static_cast<const Byte*>(src);
   const Byte* codes = scales + nb * scale_bytes(K);
-  auto* out = static_cast<Byte*>(dst);
   for (size_t b = 0; b < nb; ++b) {
     const size_t begin = b * block;
     const size_t n = count - begin < block ? count - begin : block;
     const auto lanes = DecodeLanes<V, Fmt>::template make<S, K>(scales, b);
     const Byte* c = codes + begin;
-    Byte* o = out + begin * kEs;
     const size_t full = n - n % kW;
-    for (size_t i = 0; i < full; i += kW) {
-      V::template store_out<S>(o + i * kEs, lanes(c + i));
+    auto at = [&](size_t i, typename V::F v) CHORUS_CODEC_INLINE_LAMBDA { out(begin + i, v); };
+    if (!lanes.twice && !lanes.clamp) {
+      decode_run<V, Fmt, true>(lanes, c, full, at);
+    } else {
+      decode_run<V, Fmt, false>(lanes, c, full, at);
     }
     if (full == n) continue;
     CodecBounce<kW> tail;
-    CodecBounce<kW * kEs> result;
     std::memcpy(tail.bytes, c + full, n - full);
-    V::template store_out<S>(result.bytes, lanes(tail.bytes));
-    std::memcpy(o + full * kEs, result.bytes, (n - full) * kEs);
+    tail_out(begin + full, n - full,
+             lanes.template scale<false>(V::template load_codes<Fmt>(tail.bytes)));
   }
+}
+
+template <class V, DataType S, class Fmt, ScaleKind K>
+void decode_kernel(void* dst, const void* src, size_t count, uint32_t block) {
+  constexpr size_t kW = V::kWidth, kEs = source_bytes(S);
+  auto* out = static_cast<Byte*>(dst);
+  using Result = CodecBounce<kW * kEs>;  // named out here: GCC 12 fails on it inside the lambda
+  decode_blocks<V, S, Fmt, K>(
+      src, count, block,
+      [&](size_t i, typename V::F v) CHORUS_CODEC_INLINE_LAMBDA {
+        V::template store_out<S>(out + i * kEs, v);
+      },
+      [&](size_t i, size_t n, typename V::F v) {
+        Result result;
+        V::template store_out<S>(result.bytes, v);
+        std::memcpy(out + i * kEs, result.bytes, n * kEs);
+      });
 }
 
 template <class V, class Fmt, ScaleKind K>
 void accumulate_kernel(float* acc, const void* src, size_t count, uint32_t block) {
   constexpr size_t kW = V::kWidth;
-  const size_t nb = num_blocks(count, block);
-  const auto* scales = static_cast<const Byte*>(src);
-  const Byte* codes = scales + nb * scale_bytes(K);
   auto* a = reinterpret_cast<Byte*>(acc);
-  for (size_t b = 0; b < nb; ++b) {
-    const size_t begin = b * block;
-    const size_t n = count - begin < block ? count - begin : block;
-    const auto lanes = DecodeLanes<V, Fmt>::template make<DataType::kFloat32, K>(scales, b);
-    const Byte* c = codes + begin;
-    Byte* o = a + begin * 4;
-    const size_t full = n - n % kW;
-    for (size_t i = 0; i < full; i += kW) {
-      V::store_f32(o + i * 4, V::add(V::load_f32(o + i * 4),
-                                     lanes(c + i)));
-    }
-    if (full == n) continue;
-    CodecBounce<kW> tail;
-    CodecBounce<kW * 4> sum;
-    std::memcpy(tail.bytes, c + full, n - full);
-    std::memcpy(sum.bytes, o + full * 4, (n - full) * 4);
-    V::store_f32(sum.bytes, V::add(V::load_f32(sum.bytes),
-                                   lanes(tail.bytes)));
-    std::memcpy(o + full * 4, sum.bytes, (n - full) * 4);
-  }
+  using Sum = CodecBounce<kW * 4>;
+  decode_blocks<V, DataType::kFloat32, Fmt, K>(
+      src, count, block,
+      [&](size_t i, typename V::F v) CHORUS_CODEC_INLINE_LAMBDA {
+        V::store_f32(a + i * 4, V::add(V::load_f32(a + i * 4), v));
+      },
+      [&](size_t i, size_t n, typename V::F v) {
+        Sum sum;
+        std::memcpy(sum.bytes, a + i * 4, n * 4);
+        V::store_f32(sum.bytes, V::add(V::load_f32(sum.bytes), v));
+        std::memcpy(a + i * 4, sum.bytes, n * 4);
+      });
 }
 
 }  // namespace chorus::kernels::codec
