@@ -222,9 +222,13 @@ CHORUS_CODEC_INLINE void decode_run(const DecodeLanes<V, Fmt>& lanes, const Byte
   for (; i < full; i += kW) out(i, lanes.template scale<kPlain>(V::template load_codes<Fmt>(c + i)));
 }
 
-// The blocks of a decode: out(p, i, values) for the kWidth values of the codes at p, element i
-// of the block first; a short tail goes through a zero-padded bounce buffer (out's elements past
-// the block's end are to be dropped).
+// The blocks of a decode: out(i, values) for the kWidth values of the codes from element i of
+// the tensor; a block's short tail goes through a zero-padded bounce buffer, to
+// tail_out(i, n, values) (values past the n elements of the tail are to be dropped).
+// Blocks go in groups of kWidth: first a light pass over the group's scales finds the blocks
+// that take the plain path (one multiplication by s * 256, exact, no saturation: see
+// DecodeLanes), then those are decoded with only a broadcast of their multiplier; the others
+// build their DecodeLanes as before.
 template <class V, DataType S, class Fmt, ScaleKind K, class Out, class Tail>
 CHORUS_CODEC_INLINE void decode_blocks(const void* src, size_t count, uint32_t block, Out&& out,
                                        Tail&& tail_out) {
@@ -232,23 +236,46 @@ CHORUS_CODEC_INLINE void decode_blocks(const void* src, size_t count, uint32_t b
   const size_t nb = num_blocks(count, block);
   const auto* scales = static_cast<const Byte*>(src);
   const Byte* codes = scales + nb * scale_bytes(K);
-  for (size_t b = 0; b < nb; ++b) {
-    const size_t begin = b * block;
-    const size_t n = count - begin < block ? count - begin : block;
-    const auto lanes = DecodeLanes<V, Fmt>::template make<S, K>(scales, b);
-    const Byte* c = codes + begin;
-    const size_t full = n - n % kW;
-    auto at = [&](size_t i, typename V::F v) CHORUS_CODEC_INLINE_LAMBDA { out(begin + i, v); };
-    if (!lanes.twice && !lanes.clamp) {
-      decode_run<V, Fmt, true>(lanes, c, full, at);
-    } else {
-      decode_run<V, Fmt, false>(lanes, c, full, at);
+  alignas(64) float first[kW];
+  for (size_t g = 0; g < nb; g += kW) {
+    const size_t blocks = nb - g < kW ? nb - g : kW;
+    uint32_t plain = 0;  // bit j: block g + j takes the plain path
+    if constexpr (!Fmt::kHasInf) {
+      for (size_t j = 0; j < blocks; ++j) {
+        const float s = load_scale<K>(scales, g + j);
+        // |fmax * s| <= the output's maximum (false for a NaN s): no saturation, and s * 256
+        // is finite (the fold of decode_scale).
+        const float top = Fmt::kMaxValue * s;
+        first[j] = s * 256.0f;
+        plain |= static_cast<uint32_t>(top <= kOutputMax<S> && top >= -kOutputMax<S>) << j;
+      }
     }
-    if (full == n) continue;
-    CodecBounce<kW> tail;
-    std::memcpy(tail.bytes, c + full, n - full);
-    tail_out(begin + full, n - full,
-             lanes.template scale<false>(V::template load_codes<Fmt>(tail.bytes)));
+    for (size_t j = 0; j < blocks; ++j) {
+      const size_t b = g + j;
+      const size_t begin = b * block;
+      const size_t n = count - begin < block ? count - begin : block;
+      const Byte* c = codes + begin;
+      const size_t full = n - n % kW;
+      auto at = [&](size_t i, typename V::F v) CHORUS_CODEC_INLINE_LAMBDA { out(begin + i, v); };
+      if (plain >> j & 1) {
+        DecodeLanes<V, Fmt> lanes;
+        lanes.first = V::splat(first[j]);
+        decode_run<V, Fmt, true>(lanes, c, full, at);
+        if (full == n) continue;
+        CodecBounce<kW> tail;
+        std::memcpy(tail.bytes, c + full, n - full);
+        tail_out(begin + full, n - full,
+                 lanes.template scale<true>(V::template load_codes<Fmt>(tail.bytes)));
+        continue;
+      }
+      const auto lanes = DecodeLanes<V, Fmt>::template make<S, K>(scales, b);
+      decode_run<V, Fmt, false>(lanes, c, full, at);
+      if (full == n) continue;
+      CodecBounce<kW> tail;
+      std::memcpy(tail.bytes, c + full, n - full);
+      tail_out(begin + full, n - full,
+               lanes.template scale<false>(V::template load_codes<Fmt>(tail.bytes)));
+    }
   }
 }
 
