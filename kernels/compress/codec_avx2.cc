@@ -171,6 +171,7 @@ struct Lanes {
     }
   }
   CHORUS_CODEC_INLINE static I zero() { return _mm256_setzero_si256(); }
+  CHORUS_CODEC_INLINE static I max_u32(I a, I b) { return _mm256_max_epu32(a, b); }
   CHORUS_CODEC_INLINE static I max_abs(I a, F x) {
     return _mm256_max_epu32(a, _mm256_and_si256(_mm256_castps_si256(x), splat32(0x7fffffff)));
   }

@@ -82,8 +82,9 @@ CHORUS_CODEC_INLINE __m512i f32_to_fp8_rne(__m512 x) {
   return or_sign(code, u);
 }
 
-// A vector of 32 words v, loaded from memory: GCC would otherwise rebuild some such constants
-// inside the encoding loop (a move and a broadcast each), where a memory operand is free.
+// A vector of 32 words v. The empty asm hides that it is a constant: GCC would otherwise
+// rebuild it inside the encoding loop (a move and a broadcast each time) rather than keep it in
+// a register or reload it as a memory operand.
 template <uint16_t v>
 struct Words {
   alignas(64) static constexpr uint16_t w[32] = {v, v, v, v, v, v, v, v, v, v, v, v, v, v, v, v,
@@ -91,7 +92,9 @@ struct Words {
 };
 template <uint16_t v>
 CHORUS_CODEC_INLINE __m512i words() {
-  return _mm512_load_si512(Words<v>::w);
+  __m512i r = _mm512_load_si512(Words<v>::w);
+  asm("" : "+v"(r));
+  return r;
 }
 
 // 32 finite floats (x0, then x1) -> 32 fp8 codes in 16-bit lanes, round to nearest even, as
@@ -119,8 +122,10 @@ CHORUS_CODEC_INLINE bool f32_to_fp8_rne_x32(__m512 x0, __m512 x1, __m512i& codes
   // (hi & 0x7fff) | min(lo, 1) (vpternlogd: a & c | b).
   const __m512i abs = _mm512_ternarylogic_epi32(hi, _mm512_min_epu16(lo, words<1>()),
                                                 words<0x7fff>(), 0xec);
-  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi16(abs, kShift), words<1>());
-  const __m512i sum = _mm512_add_epi16(_mm512_add_epi16(abs, words<kBiasHalf>()), lsb);
+  // abs + kBiasHalf + the lowest kept bit (a masked add of 1 where that bit is set).
+  const __mmask32 lsb = _mm512_test_epi16_mask(abs, words<1u << kShift>());
+  const __m512i biased = _mm512_add_epi16(abs, words<kBiasHalf>());
+  const __m512i sum = _mm512_mask_add_epi16(biased, lsb, biased, words<1>());
   const __m512i code = _mm512_min_epu16(_mm512_srli_epi16(sum, kShift), words<Fmt::kMaxCode>());
   // code | (hi >> 8 & 0x80): the sign.
   codes = _mm512_ternarylogic_epi32(code, _mm512_srli_epi16(hi, 8), words<0x80>(), 0xf8);
@@ -208,6 +213,7 @@ struct Lanes {
     }
   }
   CHORUS_CODEC_INLINE static I zero() { return _mm512_setzero_si512(); }
+  CHORUS_CODEC_INLINE static I max_u32(I a, I b) { return _mm512_max_epu32(a, b); }
   CHORUS_CODEC_INLINE static I max_abs(I a, F x) {
     return _mm512_max_epu32(a, _mm512_and_si512(_mm512_castps_si512(x), splat32(0x7fffffff)));
   }

@@ -9,7 +9,7 @@
 // An ISA provides a struct V (all members static):
 //   kWidth; F (kWidth fp32 lanes), I (kWidth uint32 lanes)
 //   F load<S>(const Byte*)                 kWidth source elements, widened exactly
-//   I max_abs(I, F), I zero()             running max of |x|'s bits
+//   I max_abs(I, F), I max_u32(I, I), I zero()   running max of |x|'s bits
 //   I hmax_each(const I acc[kWidth])      lane j: the largest lane of acc[j]
 //   void store_u32(uint32_t*, I)
 //   fp32_scales<Fmt>(I amax, uint32_t bits[kWidth], float inv[kWidth])   block_scale's FP32
@@ -51,8 +51,14 @@ template <class V, DataType S>
 CHORUS_CODEC_INLINE typename V::I block_amax(const Byte* x, size_t n) {
   constexpr size_t kW = V::kWidth, kEs = source_bytes(S);
   const size_t full = n - n % kW;
-  auto amax = V::zero();
-  for (size_t i = 0; i < full; i += kW) amax = V::max_abs(amax, V::template load<S>(x + i * kEs));
+  auto amax = V::zero(), amax1 = V::zero();  // two chains: half the loop steps and latency
+  size_t i = 0;
+  for (; i + 2 * kW <= full; i += 2 * kW) {
+    amax = V::max_abs(amax, V::template load<S>(x + i * kEs));
+    amax1 = V::max_abs(amax1, V::template load<S>(x + (i + kW) * kEs));
+  }
+  amax = V::max_u32(amax, amax1);
+  if (i != full) amax = V::max_abs(amax, V::template load<S>(x + i * kEs));
   if (full != n) {
     CodecBounce<kW * kEs> tail;
     std::memcpy(tail.bytes, x + full * kEs, (n - full) * kEs);
