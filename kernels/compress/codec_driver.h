@@ -1,10 +1,13 @@
 // SPDX-License-Identifier: Apache-2.0
 // File: kernels/compress/codec_driver.h
 // The block loops shared by the SIMD codec tables. A kernel walks a block kWidth elements at a
-// time and runs the block's tail through zero-padded bounce buffers (zeros do not change the
-// amax), so every element takes the same vector path. Per-block work (scale, random stream
-// key) is the scalar code of codec_common.h. Include it only inside an ISA's target region,
-// after every standard header (see codec_avx2.cc).
+// time (4 * kWidth where it can) and runs the block's tail through zero-padded bounce buffers
+// (zeros do not change the amax), so every element takes the same vector path. Blocks go in
+// groups of kWidth, so that the per-block work (amax reduction, scale) is done for a whole
+// group with vector operations, off the element loops; what is not (UE8M0 exponents, random
+// stream keys, the rare decode blocks that need a second multiply or the saturation) is the
+// scalar code of codec_common.h. Include it only inside an ISA's target region, after every
+// standard header (see codec_avx2.cc).
 //
 // An ISA provides a struct V (all members static):
 //   kWidth; F (kWidth fp32 lanes), I (kWidth uint32 lanes)
