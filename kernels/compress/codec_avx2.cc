@@ -134,6 +134,12 @@ CHORUS_CODEC_INLINE __m128i fp8_to_half8(__m128i codes) {
   }
 }
 
+// 8 e4m3 codes, none of them NaN -> their values / 256 (fp8_to_half8 without the NaN fix).
+CHORUS_CODEC_INLINE __m256 e4m3_plain8(const Byte* p) {
+  const __m128i codes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
+  return _mm256_cvtph_ps(_mm_and_si128(_mm_slli_epi16(_mm_cvtepi8_epi16(codes), 7), splat16(0xbfff)));
+}
+
 // 8 floats -> 8 bfloat16 as float_to_bf16: a NaN becomes its top half with the quiet bit set;
 // anything else rounds to nearest even by adding 0x7fff plus the lowest kept bit.
 CHORUS_CODEC_INLINE __m128i f32_to_bf16(__m256 x) {
@@ -165,14 +171,46 @@ struct Lanes {
     }
   }
   CHORUS_CODEC_INLINE static I zero() { return _mm256_setzero_si256(); }
+  CHORUS_CODEC_INLINE static I max_u32(I a, I b) { return _mm256_max_epu32(a, b); }
   CHORUS_CODEC_INLINE static I max_abs(I a, F x) {
     return _mm256_max_epu32(a, _mm256_and_si256(_mm256_castps_si256(x), splat32(0x7fffffff)));
   }
-  CHORUS_CODEC_INLINE static uint32_t hmax(I a) {
-    __m128i m = _mm_max_epu32(_mm256_castsi256_si128(a), _mm256_extracti128_si256(a, 1));
-    m = _mm_max_epu32(m, _mm_shuffle_epi32(m, 0x4e));
-    m = _mm_max_epu32(m, _mm_shuffle_epi32(m, 0xb1));
-    return static_cast<uint32_t>(_mm_cvtsi128_si32(m));
+  // Lane j: the largest lane of a[j]. Three halving steps, each pairing two vectors and keeping
+  // the larger of their two halves (128, 64 bits, then single lanes); after the last, lane
+  // 4c + k holds block c + 2k, and a permute restores block order. 22 ops for 8 blocks.
+  CHORUS_CODEC_INLINE static I hmax_each(const I* a) {
+    I r1[4], r2[2];
+    for (int j = 0; j < 4; ++j) {  // half 0: block 2j, half 1: block 2j + 1
+      r1[j] = _mm256_max_epu32(_mm256_permute2x128_si256(a[2 * j], a[2 * j + 1], 0x20),
+                               _mm256_permute2x128_si256(a[2 * j], a[2 * j + 1], 0x31));
+    }
+    for (int j = 0; j < 2; ++j) {  // half c: qword 0 block 4j + c, qword 1 block 4j + 2 + c
+      r2[j] = _mm256_max_epu32(_mm256_unpacklo_epi64(r1[2 * j], r1[2 * j + 1]),
+                               _mm256_unpackhi_epi64(r1[2 * j], r1[2 * j + 1]));
+    }
+    const __m256 x = _mm256_castsi256_ps(r2[0]), y = _mm256_castsi256_ps(r2[1]);
+    const __m256i m = _mm256_max_epu32(
+        _mm256_castps_si256(_mm256_shuffle_ps(x, y, _MM_SHUFFLE(2, 0, 2, 0))),
+        _mm256_castps_si256(_mm256_shuffle_ps(x, y, _MM_SHUFFLE(3, 1, 3, 1))));
+    return _mm256_permutevar8x32_epi32(m, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+  }
+  CHORUS_CODEC_INLINE static void store_u32(uint32_t* p, I v) {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), v);
+  }
+  // codec::block_scale for FP32 scales, 8 blocks at once: the same divisions (vdivps rounds as
+  // divss does) and the same FLT_MIN floor (s is never NaN: non-finite lanes divide zero).
+  // Unsigned amax < 0x7f800000 is a signed compare: both sides are below 2^31 or amax is NaN.
+  template <class Fmt>
+  CHORUS_CODEC_INLINE static void fp32_scales(I amax, uint32_t* bits, float* inv) {
+    const __m256i finite = _mm256_andnot_si256(_mm256_cmpgt_epi32(amax, splat32(0x7f7fffffu)),
+                                               _mm256_cmpgt_epi32(splat32(0x7f800000u), amax));
+    const __m256 a = _mm256_castsi256_ps(_mm256_and_si256(finite, amax));
+    const __m256 s = _mm256_max_ps(_mm256_div_ps(a, _mm256_set1_ps(Fmt::kMaxValue)),
+                                   _mm256_set1_ps(FLT_MIN));
+    _mm256_storeu_ps(inv, _mm256_div_ps(_mm256_set1_ps(1.0f), s));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(bits),
+                        _mm256_blendv_epi8(splat32(codec::kNanScaleBits), _mm256_castps_si256(s),
+                                           finite));
   }
   CHORUS_CODEC_INLINE static F splat(float f) { return _mm256_set1_ps(f); }
   CHORUS_CODEC_INLINE static F mul(F a, F b) { return _mm256_mul_ps(a, b); }
@@ -205,6 +243,11 @@ struct Lanes {
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(p),
                         _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
   }
+  template <class Fmt>
+  CHORUS_CODEC_INLINE static void store_rne4(Byte* p, F q0, F q1, F q2, F q3) {
+    store_codes4(p, f32_to_fp8_rne<Fmt>(q0), f32_to_fp8_rne<Fmt>(q1), f32_to_fp8_rne<Fmt>(q2),
+                 f32_to_fp8_rne<Fmt>(q3));
+  }
   // Unsigned idx < lo is a signed compare after flipping both sign bits.
   CHORUS_CODEC_INLINE static I random_one_key(uint32_t first, uint32_t k0) {
     const __m256i idx = _mm256_add_epi32(splat32(first), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
@@ -222,6 +265,27 @@ struct Lanes {
   template <class Fmt>
   CHORUS_CODEC_INLINE static F load_codes(const Byte* p) {
     return _mm256_cvtph_ps(fp8_to_half8<Fmt>(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+  }
+  template <class Fmt>
+  // 32 codes. e4m3: the NaN codes are looked for once in the 32 (rare: only a block holding an
+  // Inf or NaN has them), so that the halves of the codes without one take 3 ops per vector.
+  CHORUS_CODEC_INLINE static void load_codes4(const Byte* p, F& v0, F& v1, F& v2, F& v3) {
+    if constexpr (!Fmt::kHasInf) {
+      const __m256i codes = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+      const __m256i ones = _mm256_set1_epi8(-1);
+      const __m256i nan = _mm256_cmpeq_epi8(_mm256_or_si256(codes, _mm256_set1_epi8(-128)), ones);
+      if (_mm256_testz_si256(nan, nan)) {
+        v0 = e4m3_plain8(p);
+        v1 = e4m3_plain8(p + 8);
+        v2 = e4m3_plain8(p + 16);
+        v3 = e4m3_plain8(p + 24);
+        return;
+      }
+    }
+    v0 = load_codes<Fmt>(p);
+    v1 = load_codes<Fmt>(p + 8);
+    v2 = load_codes<Fmt>(p + 16);
+    v3 = load_codes<Fmt>(p + 24);
   }
   template <DataType S>
   CHORUS_CODEC_INLINE static void store_out(Byte* p, F v) {
