@@ -46,7 +46,10 @@ if [ "$(id -u)" != 0 ] || ! command -v ip > /dev/null || ! command -v tc > /dev/
 fi
 build=$(cd "$build" && pwd)
 tool=$build/bench/path_timeline
-[ -x "$tool" ] || { echo "path_timeline.sh: $tool is missing: build the path_timeline target" >&2; exit 1; }
+run=$build/tools/chorus-run
+for f in "$tool" "$run"; do
+  [ -x "$f" ] || { echo "path_timeline.sh: $f is missing: build chorus-run and path_timeline" >&2; exit 1; }
+done
 bytes=$(awk -v s="$size" 'BEGIN { n = s + 0; u = toupper(substr(s, length(n "") + 1));
   print n * (u == "G" ? 2^30 : u == "M" ? 2^20 : u == "K" ? 2^10 : 1) }')
 mkdir -p "$out"
@@ -63,7 +66,7 @@ full=$(bps "$rate") low=$(bps "$slow")
 "$testbed" up --hosts 2 --rails 2 --rate "$rate" > "$out/up.log" 2>&1 || { cat "$out/up.log"; exit 1; }
 echo "# test bed: 2 hosts x 2 rails, tbf $rate; $route routing; $( [ -n "$mode" ] && echo AllReduce || echo send/receive) of $size; load $(cut -d' ' -f1-3 /proc/loadavg)"
 total_s=$(awk -v p="$phase" 'BEGIN { print 4 * p + 1.5 }')
-"$testbed" launch -n 2 --ifname rail -x CHORUS_NCHANNELS=2 -x CHORUS_ROUTE="$route" \
+"$testbed" launch -n 2 --ifname rail --chorus-run "$run" -x CHORUS_NCHANNELS=2 -x CHORUS_ROUTE="$route" \
   "$tool" -b "$bytes" -t "$total_s" -i 20 -o "$out/samples.csv" $mode > "$out/run.log" 2>&1 &
 job=$!
 rx() { "$testbed" run 0 cat /sys/class/net/rail0/statistics/rx_bytes; }
