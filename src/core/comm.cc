@@ -326,8 +326,8 @@ Status Comm::check_stuck(Op& op) {
     // Peers on other hosts: a path whose peer stopped acknowledging fails its link, and so the
     // requests waiting on it (their operation then fails with the link's reason).
     for (int peer : waited_for_) {
-      PeerLink* l = peer >= 0 && peer < nranks() ? link(peer) : nullptr;
-      if (l != nullptr && l->error().ok()) l->check_alive();
+      if (PeerLink* l = peer >= 0 && peer < nranks() ? link(peer) : nullptr; l != nullptr)
+        l->check_alive();  // a link that failed already stays failed: it asks nothing
     }
   }
   const int64_t timeout_ms = params::kTimeoutMs.get();
