@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "algo/algo.h"
+#include "algo/hier_rooted.h"
 #include "algo/tuner.h"
 #include "common/params.h"
 #include "core/comm.h"
@@ -29,41 +30,9 @@ namespace chorus::algo {
 
 namespace {
 
-// Pieces of a.out the cross-host stage has delivered to this leader. A failed stage sets it
-// to the end, so that the other fiber never waits for it.
-struct Progress {
-  std::atomic<uint32_t> pieces{0};
-  bool failed = false;
-  void fail() {
-    failed = true;
-    pieces.store(UINT_MAX, std::memory_order_release);
-  }
-};
-
-struct Stages {
-  OpContext* host = nullptr;    // this host's ranks
-  OpContext* across = nullptr;  // the root's local index on every host, in host order
-  RootedPlan plan;
-  int root_host = 0;   // the root's host: its group rank in `across`
-  int root_local = 0;  // the root's local index: its group rank in `host`
-  bool leader = false;  // this rank is in `across`
-  bool root = false;
-  size_t chunk = 1;     // bytes, a multiple of the element size
-  // Piece p of the call, cut at whole chunks.
-  Args piece(const Args& a, int p) const {
-    const size_t unit = chunk / a.elem_size;
-    const size_t begin = unit_offset(a.count, plan.pieces, p, unit);
-    Args s = a;
-    s.in = a.in + begin * a.elem_size;
-    s.out = a.out + begin * a.elem_size;
-    s.count = unit_offset(a.count, plan.pieces, p + 1, unit) - begin;
-    return s;
-  }
-};
-
 // The cross-host chain over the whole call, chunk by chunk (as broadcast_chain), counting the
 // pieces it has received. The root sends from its input: its host stage copies to the output.
-Task across_chain(const Stages& st, Args a, std::shared_ptr<Progress> progress) {
+Task across_chain(const RootedStages& st, Args a, std::shared_ptr<StageProgress> progress) {
   OpContext& ctx = *st.across;
   const int n = ctx.nranks(), pos = mod(ctx.rank() - st.root_host, n);
   const int from = pos > 0 ? mod(ctx.rank() - 1, n) : -1;
@@ -107,7 +76,7 @@ Task across_chain(const Stages& st, Args a, std::shared_ptr<Progress> progress) 
 }
 
 // The cross-host binomial tree, once per piece.
-Task across_tree(const Stages& st, Args a, std::shared_ptr<Progress> progress) {
+Task across_tree(const RootedStages& st, Args a, std::shared_ptr<StageProgress> progress) {
   for (int p = 0; p < st.plan.pieces; ++p) {
     Args s = st.piece(a, p);
     s.root = st.root_host;
@@ -124,7 +93,7 @@ Task across_tree(const Stages& st, Args a, std::shared_ptr<Progress> progress) {
 }
 
 // Within the host, piece by piece from its leader (once the cross-host stage has it).
-Task within_host(const Stages& st, Args a, std::shared_ptr<Progress> progress) {
+Task within_host(const RootedStages& st, Args a, std::shared_ptr<StageProgress> progress) {
   for (int p = 0; p < st.plan.pieces; ++p) {
     if (st.leader && !st.root) {
       co_await wait_until(WaitCond{&progress->pieces, static_cast<uint32_t>(p + 1)});
@@ -159,25 +128,10 @@ Task broadcast_hier(OpContext& ctx, Args a) {
   if (ctx.is_group() || nh < 2 || local < 2) co_return co_await broadcast_chain(ctx, a);
   const size_t bytes = a.count * a.elem_size;
   if (bytes == 0) co_return Status();
-  const int me = ctx.rank(), mh = comm.host_of(me);
+  const RootedStages st(ctx, a, CollKind::kBroadcast);
+  if (!st.leader) co_return co_await within_host(st, a, std::make_shared<StageProgress>());
 
-  Stages st;
-  st.plan = hier_rooted_plan(comm.cost_model(), CollKind::kBroadcast, bytes, comm.shape());
-  st.root_host = comm.host_of(a.root);
-  st.root_local = comm.local_index(a.root);
-  st.leader = comm.local_index(me) == st.root_local;
-  st.root = me == a.root;
-  const size_t chunk = static_cast<size_t>(params::kChunkBytes.get());
-  st.chunk = std::max(a.elem_size, chunk / a.elem_size * a.elem_size);
-  OpContext host(ctx, hosts[mh]);
-  st.host = &host;
-  if (!st.leader) co_return co_await within_host(st, a, std::make_shared<Progress>());
-
-  std::vector<int> leaders;
-  for (const auto& h : hosts) leaders.push_back(h[st.root_local]);
-  OpContext across(ctx, std::move(leaders));
-  st.across = &across;
-  auto progress = std::make_shared<Progress>();
+  auto progress = std::make_shared<StageProgress>();
   FiberGroup group;
   if (st.plan.across == Algo::kTree) {
     group.spawn(across_tree(st, a, progress));

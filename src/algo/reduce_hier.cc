@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "algo/algo.h"
+#include "algo/hier_rooted.h"
 #include "algo/tuner.h"
 #include "common/params.h"
 #include "core/comm.h"
@@ -27,43 +28,14 @@ namespace chorus::algo {
 
 namespace {
 
-// Pieces this leader's host has reduced (in `sum`). A failed stage sets it to the end, so that
-// the other fiber never waits for it.
-struct Progress {
-  std::atomic<uint32_t> pieces{0};
-  bool failed = false;
-  void fail() {
-    failed = true;
-    pieces.store(UINT_MAX, std::memory_order_release);
-  }
-};
-
-struct Stages {
-  OpContext* host = nullptr;    // this host's ranks
-  OpContext* across = nullptr;  // the root's local index on every host, in host order
-  RootedPlan plan;
-  int root_host = 0;   // the root's host: its group rank in `across`
-  int root_local = 0;  // the root's local index: its group rank in `host`
-  bool leader = false;  // this rank is in `across`
-  size_t chunk = 1;     // bytes, a multiple of the element size
-  char* sum = nullptr;  // a leader's host sum (recvbuf on the root), folded in place across hosts
-  // Where piece p of the call starts, in bytes (pieces are cut at whole chunks).
-  size_t offset(const Args& a, int p) const {
-    return unit_offset(a.count, plan.pieces, p, chunk / a.elem_size) * a.elem_size;
-  }
-  // Piece p of the call (recvbuf may be null off the root).
-  Args piece(const Args& a, int p) const {
-    const size_t begin = offset(a, p);
-    Args s = a;
-    s.in = a.in + begin;
-    s.out = a.out != nullptr ? a.out + begin : nullptr;
-    s.count = (offset(a, p + 1) - begin) / a.elem_size;
-    return s;
-  }
+// A leader's host sum (recvbuf on the root), folded in place across hosts.
+struct Stages : RootedStages {
+  using RootedStages::RootedStages;
+  char* sum = nullptr;
 };
 
 // Within the host, piece by piece, to its leader.
-Task within_host(const Stages& st, Args a, std::shared_ptr<Progress> progress) {
+Task within_host(const Stages& st, Args a, std::shared_ptr<StageProgress> progress) {
   for (int p = 0; p < st.plan.pieces; ++p) {
     Args s = st.piece(a, p);
     s.root = st.root_local;
@@ -87,7 +59,7 @@ Task within_host(const Stages& st, Args a, std::shared_ptr<Progress> progress) {
 // The cross-host chain towards the root, chunk by chunk, each piece once this host has it:
 // the leader farthest from the root sends its host's sum, every other folds what arrives into
 // its own (in place) and passes it on.
-Task across_chain(const Stages& st, Args a, std::shared_ptr<Progress> progress) {
+Task across_chain(const Stages& st, Args a, std::shared_ptr<StageProgress> progress) {
   OpContext& ctx = *st.across;
   const int n = ctx.nranks(), pos = mod(ctx.rank() - st.root_host, n);
   const int from = pos < n - 1 ? mod(ctx.rank() + 1, n) : -1;  // farther from the root
@@ -133,7 +105,7 @@ Task across_chain(const Stages& st, Args a, std::shared_ptr<Progress> progress) 
 
 // The cross-host binomial tree, once per piece (its input is this host's sum; the root's
 // output is that sum too, in recvbuf, folded in place).
-Task across_tree(const Stages& st, Args a, std::shared_ptr<Progress> progress) {
+Task across_tree(const Stages& st, Args a, std::shared_ptr<StageProgress> progress) {
   for (int p = 0; p < st.plan.pieces; ++p) {
     co_await wait_until(WaitCond{&progress->pieces, static_cast<uint32_t>(p + 1)});
     if (progress->failed) co_return Status();
@@ -161,26 +133,12 @@ Task reduce_hier(OpContext& ctx, Args a) {
   if (ctx.is_group() || nh < 2 || local < 2) co_return co_await reduce_chain(ctx, a);
   const size_t bytes = a.count * a.elem_size;
   if (bytes == 0) co_return Status();
-  const int me = ctx.rank(), mh = comm.host_of(me);
-
-  Stages st;
-  st.plan = hier_rooted_plan(comm.cost_model(), CollKind::kReduce, bytes, comm.shape());
-  st.root_host = comm.host_of(a.root);
-  st.root_local = comm.local_index(a.root);
-  st.leader = comm.local_index(me) == st.root_local;
-  const size_t chunk = static_cast<size_t>(params::kChunkBytes.get());
-  st.chunk = std::max(a.elem_size, chunk / a.elem_size * a.elem_size);
-  OpContext host(ctx, hosts[mh]);
-  st.host = &host;
-  if (!st.leader) co_return co_await within_host(st, a, std::make_shared<Progress>());
-
+  Stages st(ctx, a, CollKind::kReduce);
+  if (!st.leader) co_return co_await within_host(st, a, std::make_shared<StageProgress>());
   // Scratch slot 7: not used by the stages' algorithms (reduce_tree: 4, reduce_chain: 8 + channel).
-  st.sum = me == a.root ? a.out : static_cast<char*>(ctx.scratch(7, bytes));
-  std::vector<int> leaders;
-  for (const auto& h : hosts) leaders.push_back(h[st.root_local]);
-  OpContext across(ctx, std::move(leaders));
-  st.across = &across;
-  auto progress = std::make_shared<Progress>();
+  st.sum = st.root ? a.out : static_cast<char*>(ctx.scratch(7, bytes));
+
+  auto progress = std::make_shared<StageProgress>();
   FiberGroup group;
   group.spawn(within_host(st, a, progress));
   if (st.plan.across == Algo::kTree) {
