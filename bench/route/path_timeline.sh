@@ -23,6 +23,8 @@ set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
+# shellcheck source=bench/testbed_lib.sh
+. "$root/bench/testbed_lib.sh"
 build=build size=64M phase=2.5 rate=1gbit slow=200mbit mode="" out=/tmp/chorus-timeline
 route=ADAPTIVE
 while [ $# -gt 0 ]; do
@@ -39,30 +41,16 @@ while [ $# -gt 0 ]; do
     *) echo "path_timeline.sh: unknown argument '$1' (try --help)" >&2; exit 2 ;;
   esac
 done
-if [ "$(id -u)" != 0 ] || ! command -v ip > /dev/null || ! command -v tc > /dev/null ||
-   ! command -v nsenter > /dev/null; then
-  echo "SKIP: the test bed needs root, iproute2, tc and nsenter"
-  exit 77
-fi
+testbed_require
 build=$(cd "$build" && pwd)
 tool=$build/bench/path_timeline
 run=$build/tools/chorus-run
-for f in "$tool" "$run"; do
-  [ -x "$f" ] || { echo "path_timeline.sh: $f is missing: build chorus-run and path_timeline" >&2; exit 1; }
-done
+testbed_require_built path_timeline.sh "chorus-run and path_timeline" "$tool" "$run"
 bytes=$(awk -v s="$size" 'BEGIN { n = s + 0; u = toupper(substr(s, length(n "") + 1));
   print n * (u == "G" ? 2^30 : u == "M" ? 2^20 : u == "K" ? 2^10 : 1) }')
 mkdir -p "$out"
-testbed=$root/scripts/testbed.sh
-export TESTBED_NAME=tl$$
-cleanup() { TESTBED_QUIET=1 "$testbed" down > /dev/null 2>&1 || true; }
-trap cleanup EXIT
-trap 'exit 130' INT TERM
-bps() {  # tc rate -> bytes/s
-  awk -v r="$1" 'BEGIN { v = r + 0; u = tolower(r); sub(/^[0-9.]+/, "", u)
-    f = u == "gbit" ? 1e9 : u == "mbit" ? 1e6 : u == "kbit" ? 1e3 : 1; printf "%.0f", v * f / 8 }'
-}
-full=$(bps "$rate") low=$(bps "$slow")
+testbed_start_session tl
+full=$(tc_rate_bytes "$rate") low=$(tc_rate_bytes "$slow")
 "$testbed" up --hosts 2 --rails 2 --rate "$rate" > "$out/up.log" 2>&1 || { cat "$out/up.log"; exit 1; }
 echo "# test bed: 2 hosts x 2 rails, tbf $rate; $route routing; $( [ -n "$mode" ] && echo AllReduce || echo send/receive) of $size; load $(cut -d' ' -f1-3 /proc/loadavg)"
 total_s=$(awk -v p="$phase" 'BEGIN { print 4 * p + 1.5 }')

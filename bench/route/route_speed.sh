@@ -19,6 +19,8 @@ set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
+# shellcheck source=bench/testbed_lib.sh
+. "$root/bench/testbed_lib.sh"
 build=build
 size=64M
 iters=5
@@ -37,28 +39,17 @@ while [ $# -gt 0 ]; do
     *) echo "route_speed.sh: unknown argument '$1' (try --help)" >&2; exit 2 ;;
   esac
 done
-if [ "$(id -u)" != 0 ] || ! command -v ip > /dev/null || ! command -v tc > /dev/null ||
-   ! command -v nsenter > /dev/null; then
-  echo "SKIP: the test bed needs root, iproute2, tc and nsenter"
-  exit 77
-fi
+testbed_require
 build=$(cd "$build" && pwd)
 run=$build/tools/chorus-run
-for f in "$run" "$build/bench/coll/sendrecv_perf" "$build/bench/coll/all_reduce_perf"; do
-  [ -x "$f" ] || { echo "route_speed.sh: $f is missing: build chorus-run and the perf tools" >&2; exit 1; }
-done
-testbed=$root/scripts/testbed.sh
-export TESTBED_NAME=rs$$
+testbed_require_built route_speed.sh "chorus-run and the perf tools" "$run" \
+  "$build/bench/coll/sendrecv_perf" "$build/bench/coll/all_reduce_perf"
+testbed_start_session rs
 work=$(mktemp -d /tmp/chorus-route-speed.XXXXXX)
-cleanup() {
-  TESTBED_QUIET=1 "$testbed" down > /dev/null 2>&1 || true
-  rm -rf "$work"
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
+# shellcheck disable=SC2317  # called on exit by testbed_end_session
+bench_cleanup() { rm -rf "$work"; }
 gbps() {  # tc rate -> GB/s
-  awk -v r="$1" 'BEGIN { v = r + 0; u = tolower(r); sub(/^[0-9.]+/, "", u)
-    f = u == "gbit" ? 1e9 : u == "mbit" ? 1e6 : u == "kbit" ? 1e3 : 1; printf "%.6f", v * f / 8 / 1e9 }'
+  awk -v b="$(tc_rate_bytes "$1")" 'BEGIN { printf "%.6f", b / 1e9 }'
 }
 "$testbed" up --hosts 2 --rails 2 --rate "$rate" > "$work/up.log" 2>&1 || { cat "$work/up.log"; exit 1; }
 echo "# test bed: 2 hosts x 2 rails, every link tbf $rate both ways; load $(cut -d' ' -f1-3 /proc/loadavg)"

@@ -41,6 +41,8 @@ set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
+# shellcheck source=bench/testbed_lib.sh
+. "$root/bench/testbed_lib.sh"
 build=build
 min=64M
 max=64M
@@ -70,29 +72,21 @@ while [ $# -gt 0 ]; do
   esac
 done
 
-if [ "$(id -u)" != 0 ] || ! command -v ip > /dev/null || ! command -v tc > /dev/null ||
-   ! command -v nsenter > /dev/null; then
-  echo "SKIP: the test bed needs root, iproute2, tc and nsenter"
-  exit 77
-fi
+testbed_require
 build=$(cd "$build" && pwd)
 run=$build/tools/chorus-run
 perf=$build/bench/coll/all_reduce_perf
 bperf=$build/bench/coll/broadcast_perf
-for f in "$run" "$perf" "$bperf"; do
-  [ -x "$f" ] || { echo "hier_speed.sh: $f is missing: build chorus-run, all_reduce_perf and broadcast_perf" >&2; exit 1; }
-done
-testbed=$root/scripts/testbed.sh
-export TESTBED_NAME=hs$$
+testbed_require_built hier_speed.sh "chorus-run, all_reduce_perf and broadcast_perf" \
+  "$run" "$perf" "$bperf"
+testbed_start_session hs
 work=$(mktemp -d /tmp/chorus-hier-speed.XXXXXX)
 server_pid=
-cleanup() {
+# shellcheck disable=SC2317  # called on exit by testbed_end_session
+bench_cleanup() {
   if [ -n "$server_pid" ]; then kill "$server_pid" 2> /dev/null || true; fi
-  TESTBED_QUIET=1 "$testbed" down > /dev/null 2>&1 || true
   rm -rf "$work"
 }
-trap cleanup EXIT
-trap 'exit 130' INT TERM
 
 "$testbed" up --hosts "$hosts" --rails "$rails" --rate "$rate" > "$work/up.log" 2>&1 ||
   { cat "$work/up.log"; exit 1; }
@@ -148,11 +142,7 @@ done
 echo "# load average after: $(cut -d' ' -f1-3 /proc/loadavg)"
 
 # 4. The tables (algbw from the out-of-place time column; in place in parentheses).
-link_gbps=$(awk -v r="$rate" 'BEGIN {
-  v = r + 0; u = tolower(r); sub(/^[0-9.]+/, "", u)
-  f = u == "gbit" ? 1e9 : u == "mbit" ? 1e6 : u == "kbit" ? 1e3 : 1
-  printf "%.6f", v * f / 8 / 1e9 }')
-link_gbps=$(awk -v l="$link_gbps" -v r="$rails" 'BEGIN { printf "%.6f", l * r }')
+link_gbps=$(awk -v b="$(tc_rate_bytes "$rate")" -v r="$rails" 'BEGIN { printf "%.6f", b / 1e9 * r }')
 files=()
 for name in "${names[@]:0:5}"; do files+=("$work/$name.txt"); done
 bfiles=()
