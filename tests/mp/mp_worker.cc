@@ -180,20 +180,35 @@ struct TestHosts {
   }
 };
 
+// What the Broadcast and Reduce modes share: the counts, CHORUS_ALGO=spec, the simulated
+// hosts, and whether to check what crossed hosts: with <coll>:hier on hosts of equal size, or
+// <coll>:tree on hosts of 2^k ranks (both cross into each host once, at one rank).
+struct RootedSetup {
+  std::vector<size_t> count_list;
+  TestHosts hosts;
+  bool check_volume = false;
+  RootedSetup(int nranks, const std::string& counts, const std::string& spec,
+              const std::string& coll)
+      : hosts(nranks) {
+    for (const std::string& c : split(counts))
+      count_list.push_back(std::strtoull(c.c_str(), nullptr, 0));
+    setenv("CHORUS_ALGO", spec.c_str(), 1);
+    chorus::params::reload_for_testing();
+    check_volume = hosts.hier && (spec == coll + ":hier" ||
+                                  (spec == coll + ":tree" && hosts.power_of_two));
+  }
+};
+
 int run_broadcast(ncclComm_t comm, int rank, int nranks, const std::string& counts,
                   const std::string& spec) {
-  std::vector<size_t> count_list;
-  for (const std::string& c : split(counts)) count_list.push_back(std::strtoull(c.c_str(), nullptr, 0));
-  setenv("CHORUS_ALGO", spec.c_str(), 1);
-  chorus::params::reload_for_testing();
-  const TestHosts hosts(nranks);
-  const bool check_volume =
-      (spec == "broadcast:hier" || (spec == "broadcast:tree" && hosts.power_of_two)) && hosts.hier;
+  const RootedSetup setup(nranks, counts, spec, "broadcast");
+  const TestHosts& hosts = setup.hosts;
+  const bool check_volume = setup.check_volume;
   int failures = 0, cases = 0;
   uint64_t call = 0;
   for (ncclDataType_t dtype : all_datatypes()) {
     const size_t elem = chorus::verify::datatype_size(dtype);
-    for (size_t count : count_list) {
+    for (size_t count : setup.count_list) {
       const size_t bytes = count * elem;
       std::vector<uint8_t> in(bytes);
       for (int root = 0; root < nranks; ++root) {
@@ -250,17 +265,13 @@ int run_broadcast(ncclComm_t comm, int rank, int nranks, const std::string& coun
 // root's local index on every other host, nothing else.
 int run_reduce(ncclComm_t comm, int rank, int nranks, const std::string& counts,
                const std::string& spec) {
-  std::vector<size_t> count_list;
-  for (const std::string& c : split(counts)) count_list.push_back(std::strtoull(c.c_str(), nullptr, 0));
-  setenv("CHORUS_ALGO", spec.c_str(), 1);
-  chorus::params::reload_for_testing();
-  const TestHosts hosts(nranks);
-  const bool check_volume =
-      (spec == "reduce:hier" || (spec == "reduce:tree" && hosts.power_of_two)) && hosts.hier;
+  const RootedSetup setup(nranks, counts, spec, "reduce");
+  const TestHosts& hosts = setup.hosts;
+  const bool check_volume = setup.check_volume;
   int failures = 0, cases = 0;
   for (ncclDataType_t dtype : all_datatypes()) {
     for (int op = 0; op < kNumTestOps; ++op) {
-      for (size_t count : count_list) {
+      for (size_t count : setup.count_list) {
         for (int root = 0; root < nranks; ++root) {
           for (int in_place = 0; in_place < 2; ++in_place) {
             Case c;
