@@ -16,14 +16,11 @@
 // different peers (other hosts, this host), so each peer sees this rank's messages in one order.
 #include <algorithm>
 #include <atomic>
-#include <climits>
 #include <memory>
-#include <vector>
 
 #include "algo/algo.h"
 #include "algo/hier_rooted.h"
 #include "algo/tuner.h"
-#include "common/params.h"
 #include "core/comm.h"
 
 namespace chorus::algo {

@@ -14,14 +14,11 @@
 // while the host reduces the next pieces. The fibers talk to different peers.
 #include <algorithm>
 #include <atomic>
-#include <climits>
 #include <memory>
-#include <vector>
 
 #include "algo/algo.h"
 #include "algo/hier_rooted.h"
 #include "algo/tuner.h"
-#include "common/params.h"
 #include "core/comm.h"
 
 namespace chorus::algo {
