@@ -15,9 +15,12 @@ namespace chorus::verbs {
 bool VerbsConnection::progress() {
   if (broken_) return false;
   bool moved = poll_cq();
-  if (!broken_) moved |= progress_sends();
+  // Receives first: their answers to announcements and their credits are small, and the peer
+  // waits for them; posted after our own next large write they would wait behind it in the send
+  // queue, and the two directions of an exchange would take turns instead of overlapping.
   if (!broken_) moved |= progress_recvs();
   if (!broken_) maybe_send_credit();
+  if (!broken_) moved |= progress_sends();
   if (broken_) return true;
   for (auto& qp : s_.qp.qps) {
     if (std::string why = s_.rings->device->failure(qp->qp_num); !why.empty()) {
