@@ -180,10 +180,12 @@ struct Lanes {
   // 4c + k holds block c + 2k, and a permute restores block order. 22 ops for 8 blocks.
   CHORUS_CODEC_INLINE static I hmax_each(const I* a) {
     I r1[4], r2[2];
+#pragma GCC unroll 4
     for (int j = 0; j < 4; ++j) {  // half 0: block 2j, half 1: block 2j + 1
       r1[j] = _mm256_max_epu32(_mm256_permute2x128_si256(a[2 * j], a[2 * j + 1], 0x20),
                                _mm256_permute2x128_si256(a[2 * j], a[2 * j + 1], 0x31));
     }
+#pragma GCC unroll 2
     for (int j = 0; j < 2; ++j) {  // half c: qword 0 block 4j + c, qword 1 block 4j + 2 + c
       r2[j] = _mm256_max_epu32(_mm256_unpacklo_epi64(r1[2 * j], r1[2 * j + 1]),
                                _mm256_unpackhi_epi64(r1[2 * j], r1[2 * j + 1]));

@@ -222,14 +222,17 @@ struct Lanes {
   // 4c + k holds block c + 4k, and a permute restores block order. 46 ops for 16 blocks.
   CHORUS_CODEC_INLINE static I hmax_each(const I* a) {
     I r1[8], r2[4], r3[2];
+#pragma GCC unroll 8
     for (int j = 0; j < 8; ++j) {  // chunks 0-1: block 2j, 2-3: block 2j + 1
       r1[j] = _mm512_max_epu32(_mm512_shuffle_i64x2(a[2 * j], a[2 * j + 1], _MM_SHUFFLE(1, 0, 1, 0)),
                                _mm512_shuffle_i64x2(a[2 * j], a[2 * j + 1], _MM_SHUFFLE(3, 2, 3, 2)));
     }
+#pragma GCC unroll 4
     for (int j = 0; j < 4; ++j) {  // chunk c: block 4j + c
       r2[j] = _mm512_max_epu32(_mm512_shuffle_i64x2(r1[2 * j], r1[2 * j + 1], _MM_SHUFFLE(2, 0, 2, 0)),
                                _mm512_shuffle_i64x2(r1[2 * j], r1[2 * j + 1], _MM_SHUFFLE(3, 1, 3, 1)));
     }
+#pragma GCC unroll 2
     for (int j = 0; j < 2; ++j) {  // chunk c: qword 0 block 8j + c, qword 1 block 8j + 4 + c
       r3[j] = _mm512_max_epu32(_mm512_unpacklo_epi64(r2[2 * j], r2[2 * j + 1]),
                                _mm512_unpackhi_epi64(r2[2 * j], r2[2 * j + 1]));
