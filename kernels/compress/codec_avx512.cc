@@ -54,8 +54,8 @@ CHORUS_CODEC_INLINE __m512i or_sign(__m512i code, __m512i u) {
   return _mm512_ternarylogic_epi32(code, _mm512_srli_epi32(u, 24), splat32(0x80), 0xf8);
 }
 
-// 16 finite floats -> 16 fp8 codes, round to nearest even, as Fp8Format::encode (see
-// f32_to_fp8_rne in codec_avx2.cc).
+// 16 finite floats -> 16 fp8 codes, round to nearest even, as Fp8Format::encode for the scaled
+// elements of a block (see f32_to_fp8_rne in codec_avx2.cc: no saturation is needed).
 template <class Fmt>
 CHORUS_CODEC_INLINE __m512i f32_to_fp8_rne(__m512 x) {
   constexpr int kShift = 23 - Fmt::kMan;
@@ -78,7 +78,6 @@ CHORUS_CODEC_INLINE __m512i f32_to_fp8_rne(__m512 x) {
         _mm512_cvt_roundps_epi32(scaled, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     code = _mm512_mask_blend_epi32(normal, subnormal, code);
   }
-  code = _mm512_min_epu32(code, splat32(Fmt::kMaxCode));
   return or_sign(code, u);
 }
 
@@ -126,7 +125,7 @@ CHORUS_CODEC_INLINE bool f32_to_fp8_rne_x32(__m512 x0, __m512 x1, __m512i& codes
   const __mmask32 lsb = _mm512_test_epi16_mask(abs, words<1u << kShift>());
   const __m512i biased = _mm512_add_epi16(abs, words<kBiasHalf>());
   const __m512i sum = _mm512_mask_add_epi16(biased, lsb, biased, words<1>());
-  const __m512i code = _mm512_min_epu16(_mm512_srli_epi16(sum, kShift), words<Fmt::kMaxCode>());
+  const __m512i code = _mm512_srli_epi16(sum, kShift);  // at most kMaxCode (no saturation)
   // code | (hi >> 8 & 0x80): the sign.
   codes = _mm512_ternarylogic_epi32(code, _mm512_srli_epi16(hi, 8), words<0x80>(), 0xf8);
   return _mm512_cmpge_epu16_mask(abs, words<kMinNormal>()) == 0xffffffffu;
