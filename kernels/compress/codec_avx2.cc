@@ -260,10 +260,9 @@ struct Lanes {
                         _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
   }
   // 32 codes, nearest even. When all are normal codes (one test for the four vectors), their
-  // magnitudes and their signs are packed separately: the signed saturating packs of the float
-  // bits themselves leave 0x80 for a negative float and 0x7f for a positive one (the smallest
-  // normal code's bits are far above 0x7fff), in the same byte order as the magnitudes' packs.
-  // Otherwise one vector at a time, as f32_to_fp8_rne.
+  // magnitudes and their signs are packed separately: signed saturating packs of the float bits
+  // themselves keep each one's sign in bit 7 of its byte, in the same byte order as the
+  // magnitudes' packs. Otherwise one vector at a time, as f32_to_fp8_rne.
   template <class Fmt>
   CHORUS_CODEC_INLINE static void store_rne4(Byte* p, F q0, F q1, F q2, F q3) {
     constexpr uint32_t kMinNormal = static_cast<uint32_t>(128 - Fmt::kBias) << 23;
@@ -274,8 +273,8 @@ struct Lanes {
     const __m256i a2 = _mm256_and_si256(u2, splat32(0x7fffffff));
     const __m256i a3 = _mm256_and_si256(u3, splat32(0x7fffffff));
     const __m256i least = _mm256_min_epu32(_mm256_min_epu32(a0, a1), _mm256_min_epu32(a2, a3));
-    if (_mm256_movemask_ps(_mm256_castsi256_ps(
-            _mm256_cmpgt_epi32(least, splat32(kMinNormal - 1)))) != 0xff) {
+    const __m256i normal = _mm256_cmpgt_epi32(least, splat32(kMinNormal - 1));
+    if (__builtin_expect(_mm256_movemask_ps(_mm256_castsi256_ps(normal)) != 0xff, 0)) {
       store_codes4(p, f32_to_fp8_rne<Fmt>(q0), f32_to_fp8_rne<Fmt>(q1), f32_to_fp8_rne<Fmt>(q2),
                    f32_to_fp8_rne<Fmt>(q3));
       return;
