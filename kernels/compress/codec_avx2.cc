@@ -44,28 +44,43 @@ CHORUS_CODEC_INLINE __m256i fmix32(__m256i h) {
   return _mm256_xor_si256(h, _mm256_srli_epi32(h, 16));
 }
 
-// 8 finite floats -> 8 fp8 codes (low bytes of 32-bit lanes), round to nearest even, as
-// Fp8Format::encode. Normal codes (|x| >= 2^(1 - bias)): rounding the float's own bits to kMan
-// fraction bits (add half a code step minus one plus the lowest kept bit: ties go to even)
+// The nearest-even encoders need no saturation: every element they see is q = x * (1/s) of a
+// finite block, |x| <= amax. With FP32 scales s = amax / fmax (or FLT_MIN, larger), 1/s and
+// x * (1/s) each rounded once: |q| <= fmax * (1 + 2^-24)^3 < fmax * (1 + 2^-22), far below the
+// midpoint between fmax and the next code step (fmax * (1 + 1/28) for E4M3, (1 + 1/14) for
+// E5M2), so q rounds to at most kMaxCode; with UE8M0 scales |q| <= fmax exactly. (Stochastic
+// rounding can round such a q up, and saturates.)
+
+// The fp8 code magnitudes of 8 floats' bits abs (sign cleared), each at least 2^(1 - bias) (a
+// normal code), round to nearest even, as Fp8Format::encode: rounding the float's own bits to
+// kMan fraction bits (add half a code step minus one plus the lowest kept bit: ties go to even)
 // leaves exponent and fraction side by side, a carry bumping the exponent as in the reference;
-// shifting and rebiasing gives the code. Subnormal codes: |x| * 2^(bias-1+kMan) (exact) rounded
-// to an integer, ties to even (vroundps with an explicit mode); a subnormal rounding up to 2^kMan
-// is the smallest normal code. Codes past kMaxCode saturate; the sign is copied. x must be
-// finite (the codecs handle non-finite blocks before: Fp8Format::encode's NaN case is not here).
+// shifting and rebiasing gives the code.
+template <class Fmt>
+CHORUS_CODEC_INLINE __m256i normal_codes_rne(__m256i abs) {
+  constexpr int kShift = 23 - Fmt::kMan;
+  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(abs, kShift), splat32(1));
+  // The rebias is subtracted before the shift (a multiple of 2^kShift; normal lanes stay >= 0).
+  const uint32_t bias_half = ((1u << (kShift - 1)) - 1) -
+                             (static_cast<uint32_t>(127 - Fmt::kBias) << 23);
+  return _mm256_srli_epi32(_mm256_add_epi32(abs, _mm256_add_epi32(lsb, splat32(bias_half))),
+                           kShift);
+}
+
+// 8 finite floats -> 8 fp8 codes (low bytes of 32-bit lanes), round to nearest even, as
+// Fp8Format::encode for the scaled elements of a block (no saturation: see above). Normal codes
+// as normal_codes_rne; subnormal codes: |x| * 2^(bias-1+kMan) (exact) rounded to an integer,
+// ties to even (vroundps with an explicit mode); a subnormal rounding up to 2^kMan is the
+// smallest normal code. The sign is copied. x must be finite (the codecs handle non-finite
+// blocks before: Fp8Format::encode's NaN case is not here).
 template <class Fmt>
 CHORUS_CODEC_INLINE __m256i f32_to_fp8_rne(__m256 x) {
-  constexpr int kShift = 23 - Fmt::kMan;
   constexpr uint32_t kMinNormal = static_cast<uint32_t>(128 - Fmt::kBias) << 23;
   constexpr uint32_t kSubnormalScale = static_cast<uint32_t>(127 + Fmt::kBias - 1 + Fmt::kMan)
                                        << 23;
   const __m256i u = _mm256_castps_si256(x);
   const __m256i abs = _mm256_and_si256(u, splat32(0x7fffffff));
-  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(abs, kShift), splat32(1));
-  // The rebias is subtracted before the shift (a multiple of 2^kShift; normal lanes stay >= 0).
-  const uint32_t bias_half = ((1u << (kShift - 1)) - 1) -
-                             (static_cast<uint32_t>(127 - Fmt::kBias) << 23);
-  __m256i code = _mm256_srli_epi32(_mm256_add_epi32(abs, _mm256_add_epi32(lsb, splat32(bias_half))),
-                                   kShift);
+  __m256i code = normal_codes_rne<Fmt>(abs);
   const __m256i normal = _mm256_cmpgt_epi32(abs, splat32(kMinNormal - 1));
   if (_mm256_movemask_ps(_mm256_castsi256_ps(normal)) != 0xff) {  // rare in gradients
     const __m256 scaled =
@@ -74,7 +89,6 @@ CHORUS_CODEC_INLINE __m256i f32_to_fp8_rne(__m256 x) {
         _mm256_round_ps(scaled, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
     code = _mm256_blendv_epi8(subnormal, code, normal);
   }
-  code = _mm256_min_epu32(code, splat32(Fmt::kMaxCode));
   return _mm256_or_si256(code, _mm256_srli_epi32(_mm256_andnot_si256(abs, u), 24));
 }
 
@@ -180,10 +194,12 @@ struct Lanes {
   // 4c + k holds block c + 2k, and a permute restores block order. 22 ops for 8 blocks.
   CHORUS_CODEC_INLINE static I hmax_each(const I* a) {
     I r1[4], r2[2];
+#pragma GCC unroll 4
     for (int j = 0; j < 4; ++j) {  // half 0: block 2j, half 1: block 2j + 1
       r1[j] = _mm256_max_epu32(_mm256_permute2x128_si256(a[2 * j], a[2 * j + 1], 0x20),
                                _mm256_permute2x128_si256(a[2 * j], a[2 * j + 1], 0x31));
     }
+#pragma GCC unroll 2
     for (int j = 0; j < 2; ++j) {  // half c: qword 0 block 4j + c, qword 1 block 4j + 2 + c
       r2[j] = _mm256_max_epu32(_mm256_unpacklo_epi64(r1[2 * j], r1[2 * j + 1]),
                                _mm256_unpackhi_epi64(r1[2 * j], r1[2 * j + 1]));
@@ -243,10 +259,33 @@ struct Lanes {
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(p),
                         _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
   }
+  // 32 codes, nearest even. When all are normal codes (one test for the four vectors), their
+  // magnitudes and their signs are packed separately: signed saturating packs of the float bits
+  // themselves keep each one's sign in bit 7 of its byte, in the same byte order as the
+  // magnitudes' packs. Otherwise one vector at a time, as f32_to_fp8_rne.
   template <class Fmt>
   CHORUS_CODEC_INLINE static void store_rne4(Byte* p, F q0, F q1, F q2, F q3) {
-    store_codes4(p, f32_to_fp8_rne<Fmt>(q0), f32_to_fp8_rne<Fmt>(q1), f32_to_fp8_rne<Fmt>(q2),
-                 f32_to_fp8_rne<Fmt>(q3));
+    constexpr uint32_t kMinNormal = static_cast<uint32_t>(128 - Fmt::kBias) << 23;
+    const __m256i u0 = _mm256_castps_si256(q0), u1 = _mm256_castps_si256(q1);
+    const __m256i u2 = _mm256_castps_si256(q2), u3 = _mm256_castps_si256(q3);
+    const __m256i a0 = _mm256_and_si256(u0, splat32(0x7fffffff));
+    const __m256i a1 = _mm256_and_si256(u1, splat32(0x7fffffff));
+    const __m256i a2 = _mm256_and_si256(u2, splat32(0x7fffffff));
+    const __m256i a3 = _mm256_and_si256(u3, splat32(0x7fffffff));
+    const __m256i least = _mm256_min_epu32(_mm256_min_epu32(a0, a1), _mm256_min_epu32(a2, a3));
+    const __m256i normal = _mm256_cmpgt_epi32(least, splat32(kMinNormal - 1));
+    if (__builtin_expect(_mm256_movemask_ps(_mm256_castsi256_ps(normal)) != 0xff, 0)) {
+      store_codes4(p, f32_to_fp8_rne<Fmt>(q0), f32_to_fp8_rne<Fmt>(q1), f32_to_fp8_rne<Fmt>(q2),
+                   f32_to_fp8_rne<Fmt>(q3));
+      return;
+    }
+    const __m256i mag = _mm256_packus_epi16(
+        _mm256_packus_epi32(normal_codes_rne<Fmt>(a0), normal_codes_rne<Fmt>(a1)),
+        _mm256_packus_epi32(normal_codes_rne<Fmt>(a2), normal_codes_rne<Fmt>(a3)));
+    const __m256i sign = _mm256_packs_epi16(_mm256_packs_epi32(u0, u1), _mm256_packs_epi32(u2, u3));
+    const __m256i bytes = _mm256_or_si256(mag, _mm256_andnot_si256(_mm256_set1_epi8(0x7f), sign));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p),
+                        _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
   }
   // Unsigned idx < lo is a signed compare after flipping both sign bits.
   CHORUS_CODEC_INLINE static I random_one_key(uint32_t first, uint32_t k0) {

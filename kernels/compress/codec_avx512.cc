@@ -54,8 +54,8 @@ CHORUS_CODEC_INLINE __m512i or_sign(__m512i code, __m512i u) {
   return _mm512_ternarylogic_epi32(code, _mm512_srli_epi32(u, 24), splat32(0x80), 0xf8);
 }
 
-// 16 finite floats -> 16 fp8 codes, round to nearest even, as Fp8Format::encode (see
-// f32_to_fp8_rne in codec_avx2.cc).
+// 16 finite floats -> 16 fp8 codes, round to nearest even, as Fp8Format::encode for the scaled
+// elements of a block (see f32_to_fp8_rne in codec_avx2.cc: no saturation is needed).
 template <class Fmt>
 CHORUS_CODEC_INLINE __m512i f32_to_fp8_rne(__m512 x) {
   constexpr int kShift = 23 - Fmt::kMan;
@@ -78,7 +78,6 @@ CHORUS_CODEC_INLINE __m512i f32_to_fp8_rne(__m512 x) {
         _mm512_cvt_roundps_epi32(scaled, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     code = _mm512_mask_blend_epi32(normal, subnormal, code);
   }
-  code = _mm512_min_epu32(code, splat32(Fmt::kMaxCode));
   return or_sign(code, u);
 }
 
@@ -97,15 +96,16 @@ CHORUS_CODEC_INLINE __m512i words() {
   return r;
 }
 
-// 32 finite floats (x0, then x1) -> 32 fp8 codes in 16-bit lanes, round to nearest even, as
-// f32_to_fp8_rne for the lanes whose codes are normal; false if some lane's is not (|x| below
-// 2^(1 - bias)), and then `codes` is not to be used. Rounding to kMan fraction bits needs only
-// the float's top 16 bits (sign, exponent, 7 fraction bits: the kept bits and the round bit)
-// and whether any bit below the round bit is set, so each float is narrowed to its top half
-// with bit 0 or-ed with "the bottom half is not zero" (rounding to odd). The nearest-even sum
-// of f32_to_fp8_rne, scaled down by 2^16, then gives the same codes for half the vector work.
+// 32 finite floats (x0, then x1) -> the magnitudes of their 32 fp8 codes in 16-bit lanes (mag)
+// and the floats' top halves (hi: the sign is bit 15), round to nearest even, as f32_to_fp8_rne
+// for the lanes whose codes are normal; false if some lane's is not (|x| below 2^(1 - bias)),
+// and then `mag` is not to be used. Rounding to kMan fraction bits needs only the float's top 16
+// bits (sign, exponent, 7 fraction bits: the kept bits and the round bit) and whether any bit
+// below the round bit is set, so each float is narrowed to its top half with bit 0 or-ed with
+// "the bottom half is not zero" (rounding to odd). The nearest-even sum of f32_to_fp8_rne,
+// scaled down by 2^16, then gives the same codes for half the vector work.
 template <class Fmt>
-CHORUS_CODEC_INLINE bool f32_to_fp8_rne_x32(__m512 x0, __m512 x1, __m512i& codes) {
+CHORUS_CODEC_INLINE bool f32_to_fp8_rne_x32(__m512 x0, __m512 x1, __m512i& mag, __m512i& hi) {
   constexpr int kShift = 7 - Fmt::kMan;
   constexpr uint16_t kMinNormal = static_cast<uint16_t>((128 - Fmt::kBias) << 7);
   // Half a code step minus one, less the rebias (a multiple of 2^kShift; mod 2^16).
@@ -117,7 +117,7 @@ CHORUS_CODEC_INLINE bool f32_to_fp8_rne_x32(__m512 x0, __m512 x1, __m512i& codes
                                         0x00230021, 0x00270025, 0x002b0029, 0x002f002d,
                                         0x00330031, 0x00370035, 0x003b0039, 0x003f003d);
   const __m512i u0 = _mm512_castps_si512(x0), u1 = _mm512_castps_si512(x1);
-  const __m512i hi = _mm512_permutex2var_epi16(u0, odd, u1);
+  hi = _mm512_permutex2var_epi16(u0, odd, u1);
   const __m512i lo = _mm512_permutex2var_epi16(u0, _mm512_sub_epi16(odd, words<1>()), u1);
   // (hi & 0x7fff) | min(lo, 1) (vpternlogd: a & c | b).
   const __m512i abs = _mm512_ternarylogic_epi32(hi, _mm512_min_epu16(lo, words<1>()),
@@ -126,9 +126,7 @@ CHORUS_CODEC_INLINE bool f32_to_fp8_rne_x32(__m512 x0, __m512 x1, __m512i& codes
   const __mmask32 lsb = _mm512_test_epi16_mask(abs, words<1u << kShift>());
   const __m512i biased = _mm512_add_epi16(abs, words<kBiasHalf>());
   const __m512i sum = _mm512_mask_add_epi16(biased, lsb, biased, words<1>());
-  const __m512i code = _mm512_min_epu16(_mm512_srli_epi16(sum, kShift), words<Fmt::kMaxCode>());
-  // code | (hi >> 8 & 0x80): the sign.
-  codes = _mm512_ternarylogic_epi32(code, _mm512_srli_epi16(hi, 8), words<0x80>(), 0xf8);
+  mag = _mm512_srli_epi16(sum, kShift);  // at most kMaxCode (no saturation)
   return _mm512_cmpge_epu16_mask(abs, words<kMinNormal>()) == 0xffffffffu;
 }
 
@@ -222,14 +220,17 @@ struct Lanes {
   // 4c + k holds block c + 4k, and a permute restores block order. 46 ops for 16 blocks.
   CHORUS_CODEC_INLINE static I hmax_each(const I* a) {
     I r1[8], r2[4], r3[2];
+#pragma GCC unroll 8
     for (int j = 0; j < 8; ++j) {  // chunks 0-1: block 2j, 2-3: block 2j + 1
       r1[j] = _mm512_max_epu32(_mm512_shuffle_i64x2(a[2 * j], a[2 * j + 1], _MM_SHUFFLE(1, 0, 1, 0)),
                                _mm512_shuffle_i64x2(a[2 * j], a[2 * j + 1], _MM_SHUFFLE(3, 2, 3, 2)));
     }
+#pragma GCC unroll 4
     for (int j = 0; j < 4; ++j) {  // chunk c: block 4j + c
       r2[j] = _mm512_max_epu32(_mm512_shuffle_i64x2(r1[2 * j], r1[2 * j + 1], _MM_SHUFFLE(2, 0, 2, 0)),
                                _mm512_shuffle_i64x2(r1[2 * j], r1[2 * j + 1], _MM_SHUFFLE(3, 1, 3, 1)));
     }
+#pragma GCC unroll 2
     for (int j = 0; j < 2; ++j) {  // chunk c: qword 0 block 8j + c, qword 1 block 8j + 4 + c
       r3[j] = _mm512_max_epu32(_mm512_unpacklo_epi64(r2[2 * j], r2[2 * j + 1]),
                                _mm512_unpackhi_epi64(r2[2 * j], r2[2 * j + 1]));
@@ -290,17 +291,22 @@ struct Lanes {
     const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
     _mm512_storeu_si512(p, _mm512_permutexvar_epi32(order, bytes));
   }
-  // 64 codes, nearest even: 32 at a time in 16-bit lanes when all are normal codes (the pack
-  // leaves 8 codes of c01 then 8 of c23 in each 128-bit lane; the qword permute restores element
-  // order), else one vector at a time.
+  // 64 codes, nearest even: 32 at a time in 16-bit lanes when all are normal codes, else one
+  // vector at a time. The magnitudes are packed to bytes, and so are the top halves of the
+  // floats, by a signed saturating pack that keeps each one's sign in bit 7 (both packs leave 8
+  // codes of q0:q1 then 8 of q2:q3 in each 128-bit lane; the qword permute restores element
+  // order).
   template <class Fmt>
   CHORUS_CODEC_INLINE static void store_rne4(Byte* p, F q0, F q1, F q2, F q3) {
-    __m512i c01, c23;
-    const bool normal01 = f32_to_fp8_rne_x32<Fmt>(q0, q1, c01);
-    const bool normal23 = f32_to_fp8_rne_x32<Fmt>(q2, q3, c23);
-    if (normal01 && normal23) {
+    __m512i m01, h01, m23, h23;
+    const bool normal01 = f32_to_fp8_rne_x32<Fmt>(q0, q1, m01, h01);
+    const bool normal23 = f32_to_fp8_rne_x32<Fmt>(q2, q3, m23, h23);
+    if (__builtin_expect(normal01 && normal23, 1)) {
+      // mag | (sign & 0x80) (vpternlogd: a | b & c).
+      const __m512i bytes = _mm512_ternarylogic_epi32(
+          _mm512_packus_epi16(m01, m23), _mm512_packs_epi16(h01, h23), words<0x8080>(), 0xf8);
       const __m512i order = _mm512_setr_epi64(0, 2, 4, 6, 1, 3, 5, 7);
-      _mm512_storeu_si512(p, _mm512_permutexvar_epi64(order, _mm512_packus_epi16(c01, c23)));
+      _mm512_storeu_si512(p, _mm512_permutexvar_epi64(order, bytes));
       return;
     }
     store_codes4(p, f32_to_fp8_rne<Fmt>(q0), f32_to_fp8_rne<Fmt>(q1), f32_to_fp8_rne<Fmt>(q2),

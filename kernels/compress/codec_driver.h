@@ -56,6 +56,7 @@ CHORUS_CODEC_INLINE typename V::I block_amax(const Byte* x, size_t n) {
   const size_t full = n - n % kW;
   auto amax = V::zero(), amax1 = V::zero();  // two chains: half the loop steps and latency
   size_t i = 0;
+#pragma GCC unroll 8
   for (; i + 2 * kW <= full; i += 2 * kW) {
     amax = V::max_abs(amax, V::template load<S>(x + i * kEs));
     amax1 = V::max_abs(amax1, V::template load<S>(x + (i + kW) * kEs));
@@ -70,53 +71,74 @@ CHORUS_CODEC_INLINE typename V::I block_amax(const Byte* x, size_t n) {
   return amax;
 }
 
-// Blocks are encoded in groups of kWidth. The amaxes of a group's blocks are taken first, as
-// kWidth vectors reduced together by one transposition (V::hmax_each: about 3 ops a block where
-// a reduction of its own takes 8, and no vector-to-scalar move), and FP32 scales are computed for
-// the whole group with vector divisions. Both steps are off the critical path of the encoding
-// loops, and the per-block work left is a broadcast and a store.
-template <class V, DataType S, class Fmt, ScaleKind K, Rounding R>
-void encode_kernel(void* dst, const void* src, size_t count, uint32_t block, RandomStream rng) {
-  constexpr size_t kW = V::kWidth, kEs = source_bytes(S);
-  const size_t nb = num_blocks(count, block);
-  auto* scales = static_cast<Byte*>(dst);
-  Byte* codes = scales + nb * scale_bytes(K);
-  const auto* in = static_cast<const Byte*>(src);
+// The amaxes of blocks [g, g + kWidth) and their stored scales (bits) and multipliers (inv); a
+// non-finite block's inv is unused. The blocks' running maxima are reduced together by one
+// transposition (V::hmax_each: about 3 ops a block where a reduction of its own takes 8, and no
+// vector-to-scalar move), and FP32 scales are computed for the whole group with vector divisions.
+template <size_t kW>
+struct GroupScales {
   alignas(64) uint32_t amax[kW];
   alignas(64) uint32_t bits[kW];
-  alignas(64) float inv_of[kW];
-  for (size_t g = 0; g < nb; g += kW) {
+  alignas(64) float inv[kW];
+};
+template <class V, DataType S, class Fmt, ScaleKind K, size_t kBlock>
+CHORUS_CODEC_INLINE void group_scales(const Byte* in, size_t count, size_t block, size_t g,
+                                      size_t nb, GroupScales<V::kWidth>& out) {
+  constexpr size_t kW = V::kWidth, kEs = source_bytes(S);
+  const size_t blocks = nb - g < kW ? nb - g : kW;
+  typename V::I acc[kW];
+#pragma GCC unroll 16
+  for (size_t j = 0; j < kW; ++j) {
+    const size_t begin = (g + j) * block;
+    const size_t n = kBlock != 0 ? kBlock : count - begin < block ? count - begin : block;
+    acc[j] = j < blocks ? block_amax<V, S>(in + begin * kEs, n) : V::zero();
+  }
+  const auto group_amax = V::hmax_each(acc);
+  V::store_u32(out.amax, group_amax);
+  if constexpr (K == ScaleKind::kFloat32) {
+    V::template fp32_scales<Fmt>(group_amax, out.bits, out.inv);
+  } else {
+    for (size_t j = 0; j < blocks; ++j) {
+      const BlockScale scale = block_scale<Fmt, K>(out.amax[j]);
+      out.bits[j] = scale.bits;
+      out.inv[j] = scale.inv;
+    }
+  }
+}
+
+// Blocks are encoded in groups of kWidth, software-pipelined: the scales of the next group are
+// computed before the current group is encoded, so that the latency of their reduction and
+// divisions (tens of cycles, which every encoding instruction of a group depends on) overlaps
+// the current group's encoding instead of stalling it. The next group's elements are read
+// kWidth blocks ahead of their encoding (8 KiB for FP32, AVX-512): they are still in L1 then.
+// kBlock != 0: every block has kBlock elements (block == kBlock, count a multiple of it), so the
+// element loops have constant trip counts and no tails.
+template <class V, DataType S, class Fmt, ScaleKind K, Rounding R, size_t kBlock>
+void encode_blocks(Byte* scales, Byte* codes, const Byte* in, size_t count, size_t block,
+                   RandomStream rng) {
+  constexpr size_t kW = V::kWidth, kEs = source_bytes(S);
+  if (kBlock != 0) block = kBlock;
+  const size_t nb = num_blocks(count, static_cast<uint32_t>(block));
+  GroupScales<kW> group[2];
+  if (nb != 0) group_scales<V, S, Fmt, K, kBlock>(in, count, block, 0, nb, group[0]);
+  for (size_t g = 0, cur = 0; g < nb; g += kW, cur ^= 1) {
+    if (g + kW < nb) {
+      group_scales<V, S, Fmt, K, kBlock>(in, count, block, g + kW, nb, group[cur ^ 1]);
+    }
+    const GroupScales<kW>& sc = group[cur];
     const size_t blocks = nb - g < kW ? nb - g : kW;
-    typename V::I acc[kW];
-    for (size_t j = 0; j < kW; ++j) {
-      const size_t begin = (g + j) * block;
-      acc[j] = j < blocks ? block_amax<V, S>(in + begin * kEs,
-                                             count - begin < block ? count - begin : block)
-                          : V::zero();
-    }
-    const auto group_amax = V::hmax_each(acc);
-    V::store_u32(amax, group_amax);
-    if constexpr (K == ScaleKind::kFloat32) {
-      V::template fp32_scales<Fmt>(group_amax, bits, inv_of);
-    } else {
-      for (size_t j = 0; j < blocks; ++j) {
-        const BlockScale scale = block_scale<Fmt, K>(amax[j]);
-        bits[j] = scale.bits;
-        inv_of[j] = scale.inv;
-      }
-    }
     for (size_t j = 0; j < blocks; ++j) {
       const size_t b = g + j;
       const size_t begin = b * block;
-      const size_t n = count - begin < block ? count - begin : block;
+      const size_t n = kBlock != 0 ? kBlock : count - begin < block ? count - begin : block;
       const Byte* x = in + begin * kEs;
       Byte* c = codes + begin;
-      store_scale<K>(scales, b, bits[j]);
-      if (amax[j] >= 0x7f800000u) {  // an Inf or NaN in the block (block_scale's test)
+      store_scale<K>(scales, b, sc.bits[j]);
+      if (sc.amax[j] >= 0x7f800000u) {  // an Inf or NaN in the block (block_scale's test)
         std::memset(c, static_cast<int>(Fmt::kNanCode), n);
         continue;
       }
-      const auto inv = V::splat(inv_of[j]);
+      const auto inv = V::splat(sc.inv[j]);
       uint32_t lo = 0, k0 = 0, k1 = 0;
       bool wraps = false;  // the block's indices cross a multiple of 2^32: two keys
       if constexpr (R == Rounding::kStochastic) {
@@ -142,6 +164,7 @@ void encode_kernel(void* dst, const void* src, size_t count, uint32_t block, Ran
       };
       const size_t full = n - n % kW;
       size_t i = 0;
+#pragma GCC unroll 4
       for (; i + 4 * kW <= full; i += 4 * kW) {
         if constexpr (R == Rounding::kNearestEven) {
           V::template store_rne4<Fmt>(c + i, scaled(x + i * kEs), scaled(x + (i + kW) * kEs),
@@ -163,6 +186,27 @@ void encode_kernel(void* dst, const void* src, size_t count, uint32_t block, Ran
       }
     }
   }
+}
+
+// Blocks of 128 elements (the default, DeepEP's) take encode_blocks<..., 128>; a short last
+// block, and other block sizes, the general loops.
+template <class V, DataType S, class Fmt, ScaleKind K, Rounding R>
+void encode_kernel(void* dst, const void* src, size_t count, uint32_t block, RandomStream rng) {
+  constexpr size_t kEs = source_bytes(S), kFixed = 128;
+  const size_t nb = num_blocks(count, block);
+  auto* scales = static_cast<Byte*>(dst);
+  Byte* codes = scales + nb * scale_bytes(K);
+  const auto* in = static_cast<const Byte*>(src);
+  if (block != kFixed) {
+    encode_blocks<V, S, Fmt, K, R, 0>(scales, codes, in, count, block, rng);
+    return;
+  }
+  const size_t full = count - count % kFixed;
+  encode_blocks<V, S, Fmt, K, R, kFixed>(scales, codes, in, full, kFixed, rng);
+  if (full == count) return;
+  encode_blocks<V, S, Fmt, K, R, 0>(scales + full / kFixed * scale_bytes(K), codes + full,
+                                    in + full * kEs, count - full, kFixed,
+                                    RandomStream{rng.seed, rng.counter + full});
 }
 
 // Multipliers of a block's load_codes() values: e4m3 folds its 2^8 into the scale when that is
