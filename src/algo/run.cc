@@ -146,8 +146,10 @@ compress::Compressor* compressor_for(OpContext& ctx, const CollCall& call,
     if (call.kind != CollKind::kAllReduce && call.kind != CollKind::kReduceScatter) return nullptr;
     if (!compress::compressible_dtype(call.dtype) || !compress::compressible_op(call.op.kind))
       return nullptr;
+    // The size first: transparent() takes a lock, and small calls are latency-bound.
+    if (bytes < compress::transparent_min_bytes()) return nullptr;
     *keep = compress::transparent();
-    if (!*keep || bytes < compress::transparent_min_bytes()) return nullptr;
+    if (!*keep) return nullptr;
     c = keep->get();
   }
   if (c->settings().policy == compress::Policy::kAuto &&

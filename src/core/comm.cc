@@ -107,12 +107,27 @@ void Comm::request_abort() {
   ProcessContext::get().ring_local();
 }
 
-bool Comm::has_pending_ops() const {
-  std::lock_guard<std::mutex> lock(queue_mutex_);
-  return !queue_.empty();
-}
+bool Comm::has_pending_ops() const { return pending_ops_.load(std::memory_order_acquire) != 0; }
 
 Status Comm::enqueue(const std::shared_ptr<Op>& op) {
+  CHORUS_RETURN_IF_ERROR(admit(*op));
+  std::lock_guard<std::mutex> lock(queue_mutex_);
+  queue_.push_back(op);
+  pending_ops_.fetch_add(1, std::memory_order_release);
+  return Status();
+}
+
+Result<bool> Comm::start_direct(Op& op) {
+  std::unique_lock<std::mutex> drive(drive_mutex_, std::try_to_lock);
+  if (!drive.owns_lock() || current_ != nullptr || pending_ops_.load(std::memory_order_acquire) != 0)
+    return false;
+  CHORUS_RETURN_IF_ERROR(admit(op));
+  pending_ops_.fetch_add(1, std::memory_order_release);
+  current_ = &op;  // advance() runs it like a queue head; finish_op() finds it in no queue
+  return true;
+}
+
+Status Comm::admit(Op& op) {
   if (aborting()) return invalid_usage("{} was aborted", describe());
   if (failed_.load(std::memory_order_acquire)) {
     std::lock_guard<std::mutex> lock(status_mutex_);
@@ -120,15 +135,15 @@ Status Comm::enqueue(const std::shared_ptr<Op>& op) {
     return s.with_context(fmt::format("{} is unusable after an earlier failure", describe()));
   }
   // Internal exchanges may involve a subset of the ranks: they count apart from collectives.
-  uint32_t seq = op->p2p_batch() ? 0 : op->is_internal() ? internal_seq_++ : coll_seq_++;
-  for (CollCall& c : op->calls()) {
-    c.tag.coll = static_cast<uint8_t>(op->p2p_batch() ? CollKind::kSendRecv : c.kind);
+  uint32_t seq = op.p2p_batch() ? 0 : op.is_internal() ? internal_seq_++ : coll_seq_++;
+  for (CollCall& c : op.calls()) {
+    c.tag.coll = static_cast<uint8_t>(op.p2p_batch() ? CollKind::kSendRecv : c.kind);
     c.tag.dtype = static_cast<uint8_t>(c.dtype);
     c.tag.redop = static_cast<uint8_t>(c.op.kind);
     c.tag.count = c.count;
     c.tag.root = c.root;
     c.tag.seq = seq;
-    if (op->p2p_batch()) {
+    if (op.p2p_batch()) {
       // Between a pair, the k-th send matches the k-th receive; the tag names the sender.
       bool send = c.kind == CollKind::kSend;
       c.tag.seq = send ? send_seq_[c.root]++ : recv_seq_[c.root]++;
@@ -136,9 +151,7 @@ Status Comm::enqueue(const std::shared_ptr<Op>& op) {
       c.tag.redop = 0;
     }
   }
-  op->record_id = recorder_.queued([&](OpSummary* what) { op->summarize(what); });
-  std::lock_guard<std::mutex> lock(queue_mutex_);
-  queue_.push_back(op);
+  op.record_id = recorder_.queued([&](OpSummary* what) { op.summarize(what); });
   return Status();
 }
 
@@ -146,6 +159,7 @@ bool Comm::advance() {
   bool progressed = false;
   for (;;) {
     if (current_ == nullptr) {
+      if (pending_ops_.load(std::memory_order_acquire) == 0) break;
       std::lock_guard<std::mutex> lock(queue_mutex_);
       if (queue_.empty()) break;
       current_ = queue_.front().get();  // stays queued (alive) until finish_op pops it
@@ -263,6 +277,7 @@ void Comm::finish_op(Op& op, Status status) {
       queue_.pop_front();
     }
   }
+  pending_ops_.fetch_sub(1, std::memory_order_release);  // queued or direct, it is over
   if (current_ == &op) current_ = nullptr;
   for (Stream* s : op.streams()) s->note_result(status);
   op.complete(std::move(status));

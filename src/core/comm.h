@@ -164,6 +164,11 @@ class Comm : public std::enable_shared_from_this<Comm> {
   // Queues a fully built operation (its stream dependencies set), assigning its sequence
   // numbers. Fails on a broken comm.
   Status enqueue(const std::shared_ptr<Op>& op);
+  // The direct path of a blocking call on an idle comm: when no operation is queued or running
+  // and no other thread drives the comm, `op` becomes the running operation without a trip
+  // through the queue (its mutex, a shared owner). The caller owns `op` and drives the comm
+  // until op.done(). False when the comm is busy (then enqueue it); fails as enqueue() does.
+  Result<bool> start_direct(Op& op);
   // Runs the queue: starts, progresses and retires operations. The caller holds drive_mutex().
   // True if anything progressed.
   bool advance();
@@ -234,6 +239,9 @@ class Comm : public std::enable_shared_from_this<Comm> {
   Result<UniqueFd> dup_listener() const;
 
  private:
+  // What enqueue() and start_direct() share: refuses a broken comm, assigns the op's sequence
+  // numbers and tags, records it in the flight recorder.
+  Status admit(Op& op);
   Status start_op(Op& op);
   // Pins the registrations the op's buffers lie in (Op::pins, Op::shared).
   Status pin_buffers(Op& op);
@@ -284,6 +292,10 @@ class Comm : public std::enable_shared_from_this<Comm> {
   std::mutex drive_mutex_;
   mutable std::mutex queue_mutex_;
   std::deque<std::shared_ptr<Op>> queue_;  // guarded by queue_mutex_; head runs first
+  // Operations queued or running directly (start_direct), not yet finished: an idle comm is
+  // seen as such without taking queue_mutex_ (advance() after each operation,
+  // has_pending_ops()).
+  std::atomic<size_t> pending_ops_{0};
   uint32_t coll_seq_ = 0;                   // enqueue side (API thread)
   uint32_t internal_seq_ = 0;
   std::vector<uint32_t> send_seq_, recv_seq_;

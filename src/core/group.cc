@@ -185,8 +185,19 @@ Status group_simulate_end(float* estimated_us) {
   return Status();
 }
 
-// A collective outside a group: one operation, without the bookkeeping of a group.
+// A collective outside a group: one operation, without the bookkeeping of a group. A blocking
+// call on an idle comm (the common case of small, latency-bound calls) runs its operation
+// from this frame, without queueing it.
 Status launch_one(const std::shared_ptr<Comm>& comm, const CollCall& call, Stream* stream) {
+  Comm* c = comm.get();
+  if (stream == nullptr && comm->config().blocking) {
+    Op direct(c, std::vector<CollCall>{call}, false);
+    CHORUS_ASSIGN_OR_RETURN(bool started, c->start_direct(direct));
+    if (started) {
+      drive_until([&] { return direct.done(); }, {c});
+      return direct.status();
+    }
+  }
   auto op = std::make_shared<Op>(comm.get(), std::vector<CollCall>{call}, false);
   if (stream != nullptr) stream->append(op);
   Status s = comm->enqueue(op);
@@ -201,7 +212,6 @@ Status launch_one(const std::shared_ptr<Comm>& comm, const CollCall& call, Strea
       return Status(Code::kInProgress, "operation of a non-blocking communicator in flight");
     return Status();
   }
-  Comm* c = comm.get();
   drive_until([&] { return op->done(); }, {c});
   return op->status();
 }

@@ -265,8 +265,7 @@ void RegistrationCache::remove_key_factory(int slot) {
 }
 
 bool RegistrationCache::empty() const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  return entries_.empty();
+  return entry_count_.load(std::memory_order_acquire) == 0;
 }
 
 RegistrationCache::Stats RegistrationCache::stats() const {
@@ -301,6 +300,7 @@ RegistrationCache::Entry* RegistrationCache::insert(uintptr_t begin, uintptr_t e
   e.lru = lru_.insert(lru_.end(), &e);
   bytes_ += e.range.bytes;
   max_entry_bytes_ = std::max(max_entry_bytes_, e.range.bytes);
+  entry_count_.store(entries_.size(), std::memory_order_release);
   return &e;
 }
 
@@ -309,6 +309,7 @@ void RegistrationCache::erase(Entry* e) {
   const size_t bytes = e->range.bytes;
   bytes_ -= bytes;
   entries_.erase({e->begin, e->end});
+  entry_count_.store(entries_.size(), std::memory_order_release);
   if (bytes == max_entry_bytes_) {
     max_entry_bytes_ = 0;
     for (const auto& [range, other] : entries_)

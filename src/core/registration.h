@@ -27,6 +27,7 @@
 // at once than ever before (or when it creates an implicit entry).
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <deque>
@@ -153,6 +154,9 @@ class RegistrationCache {
   const size_t limit_;
   mutable std::mutex mutex_;
   std::map<std::pair<uintptr_t, uintptr_t>, Entry> entries_;  // by (begin, end)
+  // entries_.size(), kept beside it (under mutex_) so that empty(), asked before every
+  // operation, takes no lock.
+  std::atomic<size_t> entry_count_{0};
   size_t max_entry_bytes_ = 0;  // bounds the backward scan of find_covering
   size_t bytes_ = 0;
   std::list<Entry*> lru_;  // entries without handles, least recently used first
