@@ -150,8 +150,17 @@ void OpContext::name_message(Request& req, int peer, int channel, bool send) {
     req.tag.set_message(static_cast<uint32_t>(channel), 0);
     return;
   }
-  std::vector<uint8_t>& ordinals = root_->ordinals_;
-  if (ordinals.empty()) ordinals.assign(static_cast<size_t>(2 * comm_.nranks() * channels_), 0);
+  OpContext& root = *root_;
+  if (root.ordinal_count_ == 0) {
+    root.ordinal_count_ = static_cast<size_t>(2 * comm_.nranks() * channels_);
+    if (root.ordinal_count_ <= kInlineOrdinals) {
+      root.ordinals_inline_.fill(0);
+    } else {
+      root.ordinals_heap_.assign(root.ordinal_count_, 0);
+    }
+  }
+  uint8_t* ordinals = root.ordinal_count_ <= kInlineOrdinals ? root.ordinals_inline_.data()
+                                                             : root.ordinals_heap_.data();
   uint8_t& ordinal = ordinals[2 * (static_cast<size_t>(peer) * channels_ + channel) + (send ? 1 : 0)];
   req.tag.set_message(static_cast<uint32_t>(channel), ordinal++);
 }

@@ -4,6 +4,7 @@
 // queued on its comm and run as fibers (src/core/task.h) by whichever thread drives the comm.
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <cstdint>
 #include <functional>
@@ -240,8 +241,13 @@ class OpContext {
   Comm& comm_;
   OpContext* root_;  // the operation's context (this one unless a group view)
   std::vector<int> members_;  // a group view's communicator ranks, else empty
-  // Root context only: [2 * (comm rank * channels + channel) + send], made on first use.
-  std::vector<uint8_t> ordinals_;
+  // Root context only: [2 * (comm rank * channels + channel) + send], zeroed on first use: in
+  // place for up to kInlineOrdinals entries (no allocation for a small operation), else on the
+  // heap.
+  static constexpr size_t kInlineOrdinals = 64;
+  size_t ordinal_count_ = 0;  // 0: not made yet
+  std::array<uint8_t, kInlineOrdinals> ordinals_inline_;
+  std::vector<uint8_t> ordinals_heap_;
   Op* pinned_;  // the op when it pins registrations, else null
   int rank_;
   int nranks_;
