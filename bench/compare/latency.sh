@@ -10,7 +10,8 @@
 #
 # Chorus: chorus-run -n RANKS -x CHORUS_TRANSPORT=SHM|TCP <coll>_perf -b S -e S -n ITERS -w 1000 -z 1
 # Open MPI: mpirun --mca pml ob1 --mca btl self,vader|tcp chorus_mpi_coll_bench (same sizes).
-# The figures are the out-of-place "time" column (us). Needs a build with CHORUS_BUILD_BENCH
+# The figures are the out-of-place "time" column (us); float elements, so ReduceScatter, AllGather
+# and AlltoAll need -s >= 4 x RANKS (a "-" otherwise). Needs a build with CHORUS_BUILD_BENCH
 # (the default) and Open MPI (scripts/install-deps.sh --bench); without mpirun only Chorus runs.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -54,7 +55,7 @@ mpi_time() {  # coll
     "$build/bench/peers/chorus_mpi_coll_bench" -b "$size" -e "$size" -n "$iters" -w 1000 \
     -o "$1" 2>&1 | row_time
 }
-median() { tr ' ' '\n' | grep -v '^$' | sort -g | awk '{v[NR] = $1} END {print NR ? v[int((NR + 1) / 2)] : "-"}'; }
+median() { tr ' ' '\n' | { grep -v '^$' || true; } | sort -g | awk '{v[NR] = $1} END {print NR ? v[int((NR + 1) / 2)] : "-"}'; }
 
 echo "# $size B, $ranks ranks over $transport, time per call (us), median of $reps alternating runs of $iters calls"
 printf '| %-13s | %8s | %8s | %6s |\n' collective Chorus "Open MPI" ratio
