@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <memory>
 
 #include "core/op.h"
 #include "core/task.h"
@@ -98,6 +99,19 @@ inline size_t unit_offset(size_t count, int parts, int i, size_t unit) {
   const size_t units = (count + unit - 1) / unit;
   return std::min(count, block_offset(units, parts, i) * unit);
 }
+
+// The requests of a pipeline of `n` chunks: in place for one chunk (every small message: no
+// allocation per call), on the heap for more.
+template <class R>
+class ChunkRequests {
+ public:
+  explicit ChunkRequests(size_t n) : many_(n > 1 ? std::make_unique<R[]>(n) : nullptr) {}
+  R& operator[](size_t i) { return many_ ? many_[i] : one_; }
+
+ private:
+  R one_;
+  std::unique_ptr<R[]> many_;
+};
 
 // The communicator's ring (Comm::ring(): each host's ranks adjacent) seen from this rank; in a
 // group view (a stage of a hierarchical algorithm), the group's rank order.

@@ -29,8 +29,8 @@ Task broadcast_chain(OpContext& ctx, Args a) {
   auto chunk_len = [&](size_t c) { return std::min(chunk, bytes - c * chunk); };
   const char* src = pos == 0 ? a.in : a.out;
 
-  auto recvs = std::make_unique<RecvRequest[]>(from >= 0 ? nchunks : 0);
-  auto sends = std::make_unique<SendRequest[]>(to >= 0 ? nchunks : 0);
+  ChunkRequests<RecvRequest> recvs(from >= 0 ? nchunks : 0);
+  ChunkRequests<SendRequest> sends(to >= 0 ? nchunks : 0);
   if (from >= 0)
     for (size_t c = 0; c < nchunks; ++c) ctx.recv(recvs[c], from, a.channel, a.out + c * chunk, chunk_len(c));
   for (size_t c = 0; c < nchunks; ++c) {

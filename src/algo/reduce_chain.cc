@@ -35,8 +35,8 @@ Task reduce_chain(OpContext& ctx, Args a) {
   char* acc = pos == 0 ? a.out : (from >= 0 ? static_cast<char*>(ctx.scratch(8 + a.channel, bytes)) : nullptr);
   const char* outgoing = from >= 0 ? acc : a.in;
 
-  auto recvs = std::make_unique<RecvRequest[]>(from >= 0 ? nchunks : 0);
-  auto sends = std::make_unique<SendRequest[]>(to >= 0 ? nchunks : 0);
+  ChunkRequests<RecvRequest> recvs(from >= 0 ? nchunks : 0);
+  ChunkRequests<SendRequest> sends(to >= 0 ? nchunks : 0);
   if (from >= 0) {
     for (size_t c = 0; c < nchunks; ++c) {
       ctx.recv_reduce(recvs[c], from, a.channel, acc + c * chunk, a.in + c * chunk, chunk_len(c),

@@ -64,8 +64,8 @@ Task across_chain(const Stages& st, Args a, std::shared_ptr<StageProgress> progr
   const size_t bytes = a.count * a.elem_size, chunk = st.chunk;
   const size_t nchunks = (bytes + chunk - 1) / chunk;
   auto chunk_len = [&](size_t c) { return std::min(chunk, bytes - c * chunk); };
-  auto recvs = std::make_unique<RecvRequest[]>(from >= 0 ? nchunks : 0);
-  auto sends = std::make_unique<SendRequest[]>(to >= 0 ? nchunks : 0);
+  ChunkRequests<RecvRequest> recvs(from >= 0 ? nchunks : 0);
+  ChunkRequests<SendRequest> sends(to >= 0 ? nchunks : 0);
   size_t c = 0;
   for (int p = 0; p < st.plan.pieces; ++p) {
     co_await wait_until(WaitCond{&progress->pieces, static_cast<uint32_t>(p + 1)});
