@@ -123,7 +123,8 @@ Result<bool> Comm::start_direct(Op& op) {
     return false;
   CHORUS_RETURN_IF_ERROR(admit(op));
   pending_ops_.fetch_add(1, std::memory_order_release);
-  current_ = &op;  // advance() runs it like a queue head; finish_op() finds it in no queue
+  op.direct = true;
+  current_ = &op;  // advance() runs it like a queue head
   return true;
 }
 
@@ -268,9 +269,10 @@ void Comm::finish_op(Op& op, Status status) {
   // A stream keeps its last op (for ordering): release the compressors now, so that a compressor
   // can be reset once its calls are done.
   for (CollCall& call : op.calls()) call.compressor.reset();
-  // The queue's reference may be the last one: keep the op alive until we are done with it.
+  // The queue's reference may be the last one: keep the op alive until we are done with it. A
+  // direct op is in no queue: its caller owns it.
   std::shared_ptr<Op> keep;
-  {
+  if (!op.direct) {
     std::lock_guard<std::mutex> lock(queue_mutex_);
     if (!queue_.empty() && queue_.front().get() == &op) {
       keep = std::move(queue_.front());

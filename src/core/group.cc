@@ -198,7 +198,7 @@ Status launch_one(const std::shared_ptr<Comm>& comm, const CollCall& call, Strea
       return direct.status();
     }
   }
-  auto op = std::make_shared<Op>(comm.get(), std::vector<CollCall>{call}, false);
+  auto op = std::make_shared<Op>(c, std::vector<CollCall>{call}, false);
   if (stream != nullptr) stream->append(op);
   Status s = comm->enqueue(op);
   if (!s.ok()) {

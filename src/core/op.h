@@ -124,6 +124,7 @@ class Op {
   std::vector<PinKey> pin_keys;
   int64_t last_progress_ns = 0;  // now_coarse_ns()
   bool started = false;
+  bool direct = false;  // run by Comm::start_direct: in no queue
   uint64_t record_id = 0;  // its entry in the comm's flight recorder
 
  private:
