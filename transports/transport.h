@@ -79,6 +79,7 @@ static_assert(sizeof(MsgTag) == 24);
 std::string describe_tag(const MsgTag& tag);
 
 class RegistrationKey;  // transports/registration_key.h
+class SmallBox;         // transports/small_box.h
 
 struct Request {
   enum : uint32_t { kPending = 0, kDone = 1, kFailed = 2 };
@@ -198,6 +199,10 @@ class Connection {
   // Where the path runs, for humans (TCP: "local address -> peer address"); empty if nothing
   // to say.
   virtual std::string path_name() const { return {}; }
+  // The small-message box to the same peer beside this connection (transports/small_box.h),
+  // or null when the transport has none. Shared memory offers one on channel 0; it lives as
+  // long as the connection and closes with it.
+  virtual SmallBox* small_box() { return nullptr; }
 
  protected:
   Connection(int peer, int channel) : peer_(peer), channel_(channel) {}

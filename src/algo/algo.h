@@ -82,6 +82,16 @@ Task alltoall_bruck(OpContext& ctx, Args a);         // log2(n) steps of packed 
 Task gather_direct(OpContext& ctx, Args a);
 Task scatter_direct(OpContext& ctx, Args a);
 Task send_recv_batch(OpContext& ctx, const std::vector<CollCall>& calls);
+// Every collective in one round through the shared-memory boxes (box.cc): the tuner's choice
+// for small messages among ranks of one host.
+Task box_all_reduce(OpContext& ctx, Args a);
+Task box_reduce_scatter(OpContext& ctx, Args a);
+Task box_all_gather(OpContext& ctx, Args a);
+Task box_broadcast(OpContext& ctx, Args a);
+Task box_reduce(OpContext& ctx, Args a);
+Task box_alltoall(OpContext& ctx, Args a);
+Task box_gather(OpContext& ctx, Args a);
+Task box_scatter(OpContext& ctx, Args a);
 
 // Splits `count` elements into `parts` near-equal blocks (the first count % parts get one
 // more). Block i spans [block_offset(i), block_offset(i) + block_count(i)).

@@ -77,7 +77,22 @@ namespace {
 
 using AlgoFn = Task (*)(OpContext&, Args);
 
+AlgoFn box_algorithm(CollKind coll) {
+  switch (coll) {
+    case CollKind::kAllReduce: return box_all_reduce;
+    case CollKind::kReduceScatter: return box_reduce_scatter;
+    case CollKind::kAllGather: return box_all_gather;
+    case CollKind::kBroadcast: return box_broadcast;
+    case CollKind::kReduce: return box_reduce;
+    case CollKind::kAlltoAll: return box_alltoall;
+    case CollKind::kGather: return box_gather;
+    case CollKind::kScatter: return box_scatter;
+    default: return nullptr;
+  }
+}
+
 AlgoFn algorithm(CollKind coll, Algo algo) {
+  if (algo == Algo::kBox) return box_algorithm(coll);
   switch (coll) {
     case CollKind::kAllReduce:
       switch (algo) {

@@ -25,7 +25,7 @@ constexpr AlgoName kNames[] = {
     {Algo::kRing, "ring"},         {Algo::kRecursiveDoubling, "rd"}, {Algo::kHalvingDoubling, "rhd"},
     {Algo::kOneShot, "oneshot"},   {Algo::kTwoShot, "twoshot"},      {Algo::kTree, "tree"},
     {Algo::kChain, "chain"},       {Algo::kDirect, "direct"},        {Algo::kBruck, "bruck"},
-    {Algo::kPairwise, "pairwise"}, {Algo::kHierarchical, "hier"},
+    {Algo::kPairwise, "pairwise"}, {Algo::kHierarchical, "hier"},     {Algo::kBox, "box"},
 };
 
 std::string lower(std::string_view s) {
@@ -79,7 +79,7 @@ std::optional<Algo> forced_algo(CollKind coll) {
       if (!algo || (colon != std::string_view::npos && !c)) {
         CHORUS_WARN(kColl, "CHORUS_ALGO: ignoring '{}' (collectives: allreduce, reducescatter, "
                     "allgather, broadcast, reduce, alltoall; algorithms: ring, rd, rhd, oneshot, "
-                    "twoshot, tree, chain, direct, bruck, pairwise, hier)", item);
+                    "twoshot, tree, chain, direct, bruck, pairwise, hier, box)", item);
         continue;
       }
       parsed.entries.emplace_back(c, *algo);
@@ -115,14 +115,15 @@ const std::vector<Algo>& algorithms_for(CollKind coll) {
   static const std::vector<Algo> kAllReduce = {Algo::kRing, Algo::kRecursiveDoubling,
                                                Algo::kHalvingDoubling, Algo::kOneShot,
                                                Algo::kTwoShot, Algo::kTree,
-                                               Algo::kHierarchical};
+                                               Algo::kHierarchical, Algo::kBox};
   static const std::vector<Algo> kReduceScatter = {Algo::kRing, Algo::kHalvingDoubling,
-                                                    Algo::kDirect, Algo::kHierarchical};
+                                                    Algo::kDirect, Algo::kHierarchical, Algo::kBox};
   static const std::vector<Algo> kAllGather = {Algo::kRing, Algo::kBruck, Algo::kDirect,
-                                               Algo::kHierarchical};
-  static const std::vector<Algo> kRooted = {Algo::kChain, Algo::kTree, Algo::kHierarchical};
-  static const std::vector<Algo> kAlltoAll = {Algo::kPairwise, Algo::kBruck};
-  static const std::vector<Algo> kDirectOnly = {Algo::kDirect};
+                                               Algo::kHierarchical, Algo::kBox};
+  static const std::vector<Algo> kRooted = {Algo::kChain, Algo::kTree, Algo::kHierarchical,
+                                            Algo::kBox};
+  static const std::vector<Algo> kAlltoAll = {Algo::kPairwise, Algo::kBruck, Algo::kBox};
+  static const std::vector<Algo> kDirectOnly = {Algo::kDirect, Algo::kBox};
   switch (coll) {
     case CollKind::kAllReduce: return kAllReduce;
     case CollKind::kReduceScatter: return kReduceScatter;
@@ -325,17 +326,29 @@ double predict_us(const CostModel& m, Algo algo, CollKind coll, size_t bytes, co
   return 1e30;  // not an algorithm of this collective
 }
 
+size_t box_message_bytes(CollKind coll, size_t bytes, int n) {
+  const bool whole = coll == CollKind::kAllReduce || coll == CollKind::kBroadcast ||
+                     coll == CollKind::kReduce;
+  return whole || n <= 1 ? bytes : bytes / n;
+}
+
 Choice choose(const CostModel& model, CollKind coll, size_t bytes, const Shape& shape,
               int max_channels) {
   Choice choice;
-  if (auto forced = forced_algo(coll)) {
+  const bool box_fits = shape.box_bytes > 0 && shape.nranks > 1 &&
+                        box_message_bytes(coll, bytes, shape.nranks) <= shape.box_bytes;
+  auto forced = forced_algo(coll);
+  if (forced && (*forced != Algo::kBox || box_fits)) {
     choice.algo = *forced;
     if (choice.algo == Algo::kHierarchical && (shape.hosts < 2 || shape.local < 2))
       choice.algo = Algo::kRing;
+  } else if (box_fits) {
+    choice.algo = Algo::kBox;
   } else {
     double best = 0;
     bool first = true;
     for (Algo algo : algorithms_for(coll)) {
+      if (algo == Algo::kBox) continue;
       double t = predict_us(model, algo, coll, bytes, shape);
       if (first || t < best) {
         best = t;

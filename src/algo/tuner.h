@@ -47,6 +47,7 @@ enum class Algo : uint8_t {
   kBruck,
   kPairwise,
   kHierarchical,  // "hier": within each host, across hosts, within each host again
+  kBox,           // one round through shared-memory boxes (src/algo/box.cc)
 };
 const char* algo_name(Algo algo);
 std::optional<Algo> parse_algo(std::string_view name);
@@ -73,13 +74,19 @@ struct CostModel {
 // A host's inter-host traffic may spread over `rails` links (local rank i on rail i mod
 // rails): the hierarchical algorithms' cross-host stages, one flow per local rank, use them
 // all; a ring crosses on one.
+// `box_bytes`: the largest message the small-message algorithms (kBox) may carry, 0 when some
+// peer has no box (transports/small_box.h: shared memory on one host) or they are turned off.
 struct Shape {
   int nranks = 1;
   int hosts = 1;
   int local = 1;
   int rails = 1;
+  size_t box_bytes = 0;
   static Shape flat(int n) { return Shape{n, 1, n, 1}; }
 };
+// The bytes of the largest message a kBox algorithm sends for `coll` of `bytes` (as for
+// predict_us) on n ranks: the whole buffer, or one of its n blocks.
+size_t box_message_bytes(CollKind coll, size_t bytes, int n);
 
 // The model and shape of a cluster described by a topology file (src/topo/cluster.h), for
 // planning on clusters this machine cannot build: alpha and beta of its slowest rail, the
@@ -127,7 +134,10 @@ struct Choice {
 };
 // The algorithm for one call: forced by CHORUS_ALGO, or the model's cheapest. `bytes` as above.
 // The hierarchical algorithms need several hosts with as many ranks each (shape.local > 1);
-// forced elsewhere, the ring is used.
+// forced elsewhere, the ring is used. The small-message algorithms (kBox) are chosen whenever
+// the call's messages fit the boxes (shape.box_bytes): one round, one cache line per message,
+// nothing the model's alpha (a FIFO message's latency) describes; forced where they do not
+// fit, the model's cheapest of the others is used.
 Choice choose(const CostModel& model, CollKind coll, size_t bytes, const Shape& shape,
               int max_channels);
 

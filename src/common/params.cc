@@ -128,6 +128,9 @@ StringParam kAlgo("ALGO", nullptr, "AUTO", nullptr,
                   "force an algorithm, e.g. RING; AUTO lets the tuner choose");
 IntParam kChunkBytes("CHUNK_BYTES", nullptr, 512 << 10, 256, 1ll << 30,
                      "pipelining granularity of chain and tree algorithms");
+IntParam kBoxBytes("BOX_BYTES", nullptr, 4096, 0, 4096,
+                   "largest message the small-message algorithms (one round through shared-memory "
+                   "boxes, ranks of one host) carry; 0: never use them");
 
 StringParam kTuner("TUNER", nullptr, "MEASURE", "MEASURE,STATIC",
                    "MEASURE: calibrate the cost model of each communicator when it is created; "
@@ -168,7 +171,7 @@ const std::vector<Param*>& all() {
       &kPathChunkBytes, &kShmFifoBytes, &kShmCmaBytes,   &kShmMapBytes,   &kStreamCopyBytes, &kTcpBounceBytes,
       &kIbHca, &kIbAddrFamily, &kIbGidIndex, &kIbTimeout, &kIbRetryCnt, &kIbTc, &kIbSl, &kIbSlots, &kIbSlotBytes, &kIbRdvBytes, &kIbQpsPerConnection, &kTimeoutMs,   &kSpinUs,       &kLivenessMs, &kPeerTimeoutMs,
       &kFlightRecorderOps, &kCommBlocking,
-      &kAlgo,         &kChunkBytes,    &kTuner,        &kTunerFile,   &kKernels,
+      &kAlgo,         &kChunkBytes,    &kBoxBytes,    &kTuner,        &kTunerFile,   &kKernels,
       &kRegCacheBytes, &kRing, &kRoute, &kCompress, &kCompressPolicy, &kCompressMinBytes, &kCompressBlock,
       &kCompressScale,
   };

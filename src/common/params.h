@@ -136,6 +136,7 @@ extern IntParam kCommBlocking;
 // Algorithms.
 extern StringParam kAlgo;
 extern IntParam kChunkBytes;
+extern IntParam kBoxBytes;
 extern StringParam kTuner;
 extern StringParam kTunerFile;
 extern StringParam kRing;

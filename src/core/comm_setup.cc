@@ -351,6 +351,9 @@ Status Comm::connect_transports(const std::vector<PeerInfo>& infos) {
     if (r != rank() && infos[r].host_hash == infos[rank()].host_hash && infos[r].pid != infos[rank()].pid)
       peer_watch_.add(r, infos[r].pid, infos[r].describe());
   }
+  boxes_ = nranks() > 1 && hosts_.size() == 1;
+  for (int r = 0; r < nranks() && boxes_; ++r)
+    boxes_ = r == rank() || conns_[r][0]->small_box() != nullptr;
   return Status();
 }
 

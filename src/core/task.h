@@ -32,12 +32,15 @@ class FiberSet;
 void* frame_allocate(std::size_t bytes);
 void frame_free(void* frame, std::size_t bytes) noexcept;
 
-// Ready when *word >= target (acquire). A null word is always ready.
+// Ready when *word has reached target (acquire): in serial-number arithmetic, so that a
+// counter may wrap (ready while *word - target, as a signed 32-bit difference, is >= 0). A null
+// word is always ready.
 struct WaitCond {
   const std::atomic<uint32_t>* word = nullptr;
   uint32_t target = 0;
   bool ready() const {
-    return word == nullptr || word->load(std::memory_order_acquire) >= target;
+    return word == nullptr ||
+           static_cast<int32_t>(word->load(std::memory_order_acquire) - target) >= 0;
   }
 };
 

@@ -66,6 +66,22 @@ ALGO_TEST(Reduce, "reduce:tree")
 ALGO_TEST(AlltoAll, "alltoall:pairwise")
 ALGO_TEST(AlltoAll, "alltoall:bruck")
 
+// The small-message algorithms, at counts whose messages fit a box (up to 511 doubles: 4088
+// bytes) and that do not (1023 doubles, 65537: the model's choice among the others).
+#define BOX_TEST(COLL, SPEC)                                                                \
+  TEST_CASE(#COLL " with algorithm " SPEC, "[ranks][algo][box]") {                          \
+    run_algorithm(Coll::k##COLL, SPEC, {2, 3, 5, 8}, {0, 1, 7, 100, 511, 1023, 65537});     \
+  }
+
+BOX_TEST(AllReduce, "allreduce:box")
+BOX_TEST(ReduceScatter, "reducescatter:box")
+BOX_TEST(AllGather, "allgather:box")
+BOX_TEST(Broadcast, "broadcast:box")
+BOX_TEST(Reduce, "reduce:box")
+BOX_TEST(AlltoAll, "alltoall:box")
+BOX_TEST(Gather, "gather:box")
+BOX_TEST(Scatter, "scatter:box")
+
 TEST_CASE("ring and chain split over several channels", "[ranks][algo]") {
   ScopedEnv channels("CHORUS_NCHANNELS", "3");
   for (const char* spec : {"allreduce:ring", "broadcast:chain", "reduce:chain"}) {

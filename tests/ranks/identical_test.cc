@@ -61,6 +61,8 @@ IDENTICAL_TEST(tree, "allreduce:tree")
 // Ranks in threads share one host: forced here, the hierarchical AllReduce is the ring. Its own
 // stages run in the multi-process tests on simulated hosts (mp:*hosts*) and on the test bed.
 IDENTICAL_TEST(hier, "allreduce:hier")
+// Through the boxes up to CHORUS_BOX_BYTES per message; forced on larger ones, the model's pick.
+IDENTICAL_TEST(box, "allreduce:box")
 
 // Run to run: the same input through the same algorithm gives the same bits every time, however
 // the messages of the peers happen to arrive (data-parallel runs must be reproducible).

@@ -271,7 +271,8 @@ std::vector<ncclDataType_t> float_datatypes() {
 const std::vector<std::string>& allreduce_algorithm_specs() {
   static const std::vector<std::string> kSpecs = {
       "auto",           "allreduce:ring",     "allreduce:rd",  "allreduce:rhd",
-      "allreduce:oneshot", "allreduce:twoshot", "allreduce:tree", "allreduce:hier"};
+      "allreduce:oneshot", "allreduce:twoshot", "allreduce:tree", "allreduce:hier",
+      "allreduce:box"};
   return kSpecs;
 }
 

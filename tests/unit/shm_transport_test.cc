@@ -30,6 +30,8 @@
 #include "common/process.h"
 #include "kernels/fp8/convert.h"
 #include "kernels/reduce/reduce.h"
+#include "core/task.h"
+#include "transports/small_box.h"
 
 namespace chorus::shm {
 namespace {
@@ -429,6 +431,39 @@ TEST_CASE("shm: a closing peer delivers what it sent, then pending receives fail
   REQUIRE_THAT(g.get(1, 0)->error().message(),
                Catch::Contains(fmt::format("rank 0 (pid {}) closed", getpid())) &&
                    Catch::Contains("Send #2"));
+}
+
+TEST_CASE("shm: channel 0 has a small-message box to each peer, closed with its connection",
+          "[unit][shm][box]") {
+  Group g = connect_group(3, /*channels=*/2);
+  for (int r = 0; r < 3; ++r) {
+    for (int q = 0; q < 3; ++q) {
+      if (q == r) continue;
+      REQUIRE(g.get(r, q, 0)->small_box() != nullptr);
+      CHECK(g.get(r, q, 1)->small_box() == nullptr);
+    }
+  }
+  // Rank 2 writes into its box to rank 1 (in rank 1's segment); rank 1 reads it there.
+  const std::vector<uint8_t> data = pattern(3000, 5);
+  SmallBox* out = g.get(2, 1)->small_box();
+  SmallBox* in = g.get(1, 2)->small_box();
+  BoxWait w;
+  REQUIRE(out->can_send(&w));
+  REQUIRE(out->send(tag_for(1, data.size(), 2), data.data(), data.size()).ok());
+  REQUIRE(in->can_receive(&w));
+  Result<const void*> got = in->receive(tag_for(1, data.size(), 2), data.size());
+  REQUIRE(got.ok());
+  CHECK(std::memcmp(*got, data.data(), data.size()) == 0);
+  in->release();
+  // Rank 1 waits for the next one; rank 2 leaves: the wait ends, and the receive names rank 2.
+  REQUIRE_FALSE(in->can_receive(&w));
+  g.conns[2].clear();
+  CHECK(WaitCond{w.word, w.target}.ready());
+  REQUIRE(in->can_receive(&w));
+  got = in->receive(tag_for(2, 8, 2), 8);
+  REQUIRE_FALSE(got.ok());
+  CHECK(got.status().code() == Code::kRemoteError);
+  CHECK_THAT(got.status().message(), Catch::Contains("rank 2 closed"));
 }
 
 // A message by reference is read straight from the sender's memory. A sender whose operation

@@ -151,5 +151,34 @@ TEST_CASE("hierarchical Reduce: the Broadcast's stages in the other order", "[tu
   CHECK(choose(m, CollKind::kReduce, 64 * kMiB, Shape{3, 2, 0}, 1).algo == Algo::kRing);
 }
 
+TEST_CASE("small messages among ranks of one host go through the boxes", "[tuner]") {
+  const CostModel m = ethernet();
+  Shape boxes = Shape::flat(4);
+  boxes.box_bytes = 4096;
+  // AllReduce, Broadcast and Reduce send their whole buffer; the others one block of n.
+  CHECK(choose(m, CollKind::kAllReduce, 8, boxes, 1).algo == Algo::kBox);
+  CHECK(choose(m, CollKind::kAllReduce, 4096, boxes, 1).algo == Algo::kBox);
+  CHECK(choose(m, CollKind::kAllReduce, 4100, boxes, 1).algo != Algo::kBox);
+  CHECK(choose(m, CollKind::kBroadcast, 4096, boxes, 1).algo == Algo::kBox);
+  CHECK(choose(m, CollKind::kReduce, 8192, boxes, 1).algo != Algo::kBox);
+  for (CollKind c : {CollKind::kReduceScatter, CollKind::kAllGather, CollKind::kAlltoAll,
+                     CollKind::kGather, CollKind::kScatter}) {
+    CHECK(choose(m, c, 4 * 4096, boxes, 1).algo == Algo::kBox);
+    CHECK(choose(m, c, 4 * 4096 + 4, boxes, 1).algo != Algo::kBox);
+  }
+  CHECK(box_message_bytes(CollKind::kAlltoAll, 64, 4) == 16);
+  CHECK(box_message_bytes(CollKind::kBroadcast, 64, 4) == 64);
+  // No boxes (another host, a transport without them, CHORUS_BOX_BYTES=0), or one rank: never.
+  CHECK(choose(m, CollKind::kAllReduce, 8, Shape::flat(4), 1).algo != Algo::kBox);
+  Shape one = Shape::flat(1);
+  one.box_bytes = 4096;
+  CHECK(choose(m, CollKind::kAllReduce, 8, one, 1).algo != Algo::kBox);
+  // Forced where they do not fit: the model's choice among the others.
+  chorus::test::ScopedEnv forced("CHORUS_ALGO", "box");
+  CHECK(choose(m, CollKind::kAllGather, 64, boxes, 1).algo == Algo::kBox);
+  CHECK(choose(m, CollKind::kAllReduce, 64, Shape::flat(4), 1).algo != Algo::kBox);
+  CHECK(choose(m, CollKind::kAllReduce, 1 << 20, boxes, 1).algo != Algo::kBox);
+}
+
 }  // namespace
 }  // namespace chorus::algo

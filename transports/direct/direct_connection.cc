@@ -11,7 +11,12 @@ namespace chorus::direct {
 
 DirectConnection::DirectConnection(int my_rank, int peer, int channel, std::shared_ptr<Inbox> out,
                                    std::shared_ptr<Inbox> in)
-    : Connection(peer, channel), my_rank_(my_rank), out_(std::move(out)), in_(std::move(in)) {}
+    : Connection(peer, channel), my_rank_(my_rank), out_(std::move(out)), in_(std::move(in)) {
+  if (channel == 0) {
+    box_ = std::make_unique<SmallBox>(out_->box_memory->bytes, in_->box_memory->bytes,
+                                      ProcessContext::get().doorbell(), my_rank, peer);
+  }
+}
 
 DirectConnection::~DirectConnection() {
   // Whatever the peer still queued for us fails; so do our sends it has not consumed (their
@@ -21,6 +26,7 @@ DirectConnection::~DirectConnection() {
     std::lock_guard<std::mutex> lock(box->mutex);
     if (!box->closed) close_locked(box, why);
   }
+  if (box_) box_->close();
   ProcessContext::get().ring_local();
 }
 

@@ -7,6 +7,7 @@
 #include <memory>
 #include <mutex>
 
+#include "transports/small_box.h"
 #include "transports/transport.h"
 
 namespace chorus::direct {
@@ -21,6 +22,19 @@ class Inbox {
   int closed_by = -1;               // rank that closed it
   Status error;                     // why it was closed, for the other side
   uint64_t finished = 0;            // sends consumed or failed, ever
+  // This direction's small-message box (used on channel 0: transports/small_box.h), alive as
+  // long as either side's connection.
+  struct alignas(64) BoxMemory {
+    std::byte bytes[SmallBox::region_bytes()];
+  };
+  std::unique_ptr<BoxMemory> box_memory = make_box_memory();
+
+ private:
+  static std::unique_ptr<BoxMemory> make_box_memory() {
+    auto m = std::make_unique<BoxMemory>();
+    SmallBox::init(m->bytes);
+    return m;
+  }
 };
 
 class DirectConnection final : public Connection {
@@ -35,6 +49,7 @@ class DirectConnection final : public Connection {
   bool idle() const override;
   bool peek(MsgTag* tag, uint64_t* bytes) override;
   const char* transport_name() const override { return "direct"; }
+  SmallBox* small_box() override { return box_.get(); }
 
  private:
   // Consumes the head of in_ into the head receive; false if nothing to consume.
@@ -46,6 +61,7 @@ class DirectConnection final : public Connection {
   int my_rank_;
   std::shared_ptr<Inbox> out_;  // the peer's inbox for our sends
   std::shared_ptr<Inbox> in_;   // our inbox for the peer's sends
+  std::unique_ptr<SmallBox> box_;  // channel 0 only
   uint64_t posted_ = 0;  // sends we queued in out_, ever (compared with out_->finished)
   std::deque<RecvRequest*> recvs_;
 };

@@ -52,6 +52,10 @@ ShmConnection::ShmConnection(ShmConnectionConfig config)
       peer_doorbell_(config.peer_doorbell),
       keep_alive_(std::move(config.keep_alive)),
       publish_bytes_(publish_bytes_for(config.send_fifo.fifo_bytes)),
+      box_(config.send_box != nullptr && config.recv_box != nullptr
+               ? std::make_unique<SmallBox>(config.send_box, config.recv_box, config.peer_doorbell,
+                                            config.self_rank, config.peer_rank)
+               : nullptr),
       cma_min_bytes_(static_cast<uint64_t>(params::kShmCmaBytes.get())),
       map_min_bytes_(static_cast<uint64_t>(params::kShmMapBytes.get())),
       stream_min_bytes_(kernels::stream_copy_min_bytes()),
@@ -77,6 +81,7 @@ void ShmConnection::close() {
   // so sees everything we published before closing.
   send_.control->producer_closed.store(1, std::memory_order_release);
   recv_.control->consumer_closed.store(1, std::memory_order_release);
+  if (box_) box_->close();
   ring_doorbell(peer_doorbell_);
 }
 

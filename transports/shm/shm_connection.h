@@ -12,6 +12,7 @@
 
 #include "common/process.h"
 #include "transports/protocol.h"
+#include "transports/small_box.h"
 #include "transports/transport.h"
 
 namespace chorus::shm {
@@ -105,6 +106,10 @@ struct ShmConnectionConfig {
   FifoRef send_fifo;                      // in the peer's segment: we produce, the peer consumes
   FifoRef recv_fifo;                      // in our segment: the peer produces, we consume
   DoorbellWord* peer_doorbell = nullptr;  // the peer process's doorbell
+  // Channel 0's small-message boxes (SmallBox::region_bytes() each): in the peer's segment (we
+  // produce) and in ours (we consume); null on other channels.
+  void* send_box = nullptr;
+  void* recv_box = nullptr;
   // Owners of the memory the pointers above point into (mappings); kept alive by the connection.
   std::vector<std::shared_ptr<const void>> keep_alive;
 };
@@ -128,6 +133,7 @@ class ShmConnection final : public Connection {
   bool peek(MsgTag* tag, uint64_t* bytes) override;
   const char* transport_name() const override { return "shm"; }
   void farewell(const Status& why) override;
+  SmallBox* small_box() override { return box_.get(); }
 
  private:
   bool progress_sends();
@@ -178,6 +184,7 @@ class ShmConnection final : public Connection {
   DoorbellWord* const peer_doorbell_;
   const std::vector<std::shared_ptr<const void>> keep_alive_;
   const uint64_t publish_bytes_;  // publish progress at least every this many bytes
+  std::unique_ptr<SmallBox> box_;  // channel 0 only; closes with the connection
   bool closed_ = false;
 
   RequestQueue<SendRequest> sends_;

@@ -22,6 +22,7 @@
 #include "common/log.h"
 #include "common/process.h"
 #include "transports/shm/shm_connection.h"
+#include "transports/small_box.h"
 
 namespace chorus::shm {
 
@@ -31,7 +32,7 @@ namespace {
 constexpr unsigned kMfdNoexecSeal = 0x0008U;
 
 constexpr uint64_t kSegmentMagic = 0x3147455348534843ull;  // "CHSHSEG1"
-constexpr uint32_t kSegmentVersion = 2;  // 2: FifoControl has three lines
+constexpr uint32_t kSegmentVersion = 3;  // 2: FifoControl has three lines; 3: boxes
 constexpr size_t kHeaderBytes = 64;
 constexpr size_t kMinFifoBytes = 4 << 10;
 constexpr size_t kMaxFifoBytes = size_t{1} << 30;
@@ -54,8 +55,9 @@ struct SegmentHeader {
 };
 static_assert(sizeof(SegmentHeader) <= kHeaderBytes);
 
-// [SegmentHeader, padded to 64][FIFO 0][FIFO 1]...; FIFO s*channels+c carries sender s's
-// channel c and is a FifoControl followed by fifo_bytes of ring. The owner's own slots are
+// [SegmentHeader, padded to 64][FIFO 0][FIFO 1]...[box 0][box 1]...; FIFO s*channels+c
+// carries sender s's channel c and is a FifoControl followed by fifo_bytes of ring; box s is
+// sender s's small-message box (transports/small_box.h). The owner's own FIFOs and box are
 // never touched, so they cost address space only.
 struct Layout {
   size_t num_local_ranks;
@@ -64,7 +66,13 @@ struct Layout {
 
   size_t stride() const { return sizeof(FifoControl) + fifo_bytes; }
   size_t num_fifos() const { return num_local_ranks * channels; }
-  size_t total_bytes() const { return kHeaderBytes + num_fifos() * stride(); }
+  size_t boxes_offset() const { return kHeaderBytes + num_fifos() * stride(); }
+  size_t total_bytes() const {
+    return boxes_offset() + num_local_ranks * SmallBox::region_bytes();
+  }
+  void* box(void* base, size_t sender) const {
+    return static_cast<std::byte*>(base) + boxes_offset() + sender * SmallBox::region_bytes();
+  }
   FifoRef fifo(void* base, size_t sender, size_t channel) const {
     auto* p =
         static_cast<std::byte*>(base) + kHeaderBytes + (sender * channels + channel) * stride();
@@ -145,6 +153,7 @@ Result<std::shared_ptr<Mapping>> init_own_segment(const ShmSetup& setup, const P
     for (size_t c = 0; c < layout.channels; ++c) {
       new (layout.fifo(mapping->get(), s, c).control) FifoControl();
     }
+    SmallBox::init(layout.box(mapping->get(), s));
   }
   auto* header = new (mapping->get()) SegmentHeader();
   header->version = kSegmentVersion;
@@ -302,6 +311,10 @@ std::vector<std::unique_ptr<Connection>> make_connections(const ShmSetup& setup,
     config.send_fifo = plan.layout.fifo(theirs->get(), plan.self_index, c);
     config.recv_fifo = plan.layout.fifo(own->get(), plan.peer_index[i], c);
     config.peer_doorbell = bell.word;
+    if (c == 0) {
+      config.send_box = plan.layout.box(theirs->get(), plan.self_index);
+      config.recv_box = plan.layout.box(own->get(), plan.peer_index[i]);
+    }
     config.keep_alive = {own, theirs};
     if (bell.mapping) config.keep_alive.push_back(bell.mapping);
     channels.push_back(std::make_unique<ShmConnection>(std::move(config)));
