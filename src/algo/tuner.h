@@ -64,6 +64,9 @@ struct CostModel {
   // same as alpha/beta on one host. From the tuner file, else the transport's declared cost.
   double intra_alpha_us = 1.0;
   double intra_beta_gbps = 8.0;
+  // The largest message the small-message algorithms may carry (Shape::box_bytes), agreed by
+  // every rank: the least of their CHORUS_BOX_BYTES, 0 when some rank lacks a box to a peer.
+  size_t box_bytes = 0;
   std::string to_string() const;
 };
 

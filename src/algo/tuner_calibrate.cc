@@ -191,6 +191,7 @@ Result<CostModel> calibrate(Comm& comm) {
   w.put<double>(local_reduce_gbps());
   w.put<double>(local_codec_gbps());
   w.put_string(local ? local->name : "");
+  w.put<uint32_t>(comm.has_boxes() ? static_cast<uint32_t>(params::kBoxBytes.get()) : 0);
   std::vector<int> all(comm.nranks());
   for (int r = 0; r < comm.nranks(); ++r) all[r] = r;
   CHORUS_ASSIGN_OR_RETURN(auto records, allgather_records(comm, all, w.take()));
@@ -200,6 +201,7 @@ Result<CostModel> calibrate(Comm& comm) {
   int a = -1, b = -1;
   model.gamma_gbps = 1e9;
   model.codec_gbps = 1e9;
+  model.box_bytes = SIZE_MAX;
   for (int r = 0; r < comm.nranks(); ++r) {
     ByteReader rd(records[r]);
     std::string name;
@@ -211,6 +213,9 @@ Result<CostModel> calibrate(Comm& comm) {
     CHORUS_RETURN_IF_ERROR(rd.get(&codec));
     std::string intra_name;
     CHORUS_RETURN_IF_ERROR(rd.get_string(&intra_name, 64));
+    uint32_t box_bytes = 0;
+    CHORUS_RETURN_IF_ERROR(rd.get(&box_bytes));
+    model.box_bytes = std::min<size_t>(model.box_bytes, box_bytes);
     if (!intra_name.empty()) {
       const TransportDesc* d = find_transport(intra_name);
       if (d == nullptr)

@@ -21,7 +21,6 @@
 #include "net/socket.h"
 #include "common/clock.h"
 #include "common/dtype.h"
-#include "common/params.h"
 #include "common/status.h"
 #include "core/flight_recorder.h"
 #include "core/liveness.h"
@@ -138,9 +137,12 @@ class Comm : public std::enable_shared_from_this<Comm> {
   // The shape the tuner plans for: ranks, hosts, ranks per host.
   algo::Shape shape() const {
     algo::Shape s{nranks(), static_cast<int>(hosts_.size()), ranks_per_host_};
-    if (boxes_) s.box_bytes = static_cast<size_t>(params::kBoxBytes.get());
+    s.box_bytes = model_.box_bytes;
     return s;
   }
+  // Every peer is on our host and has a small-message box (transports/small_box.h): what this
+  // rank brings to the agreement on the box algorithms (CostModel::box_bytes).
+  bool has_boxes() const { return boxes_; }
   // The cost model the tuner chooses algorithms with (agreed by every rank at setup).
   const algo::CostModel& cost_model() const { return model_; }
   // The tuner's choice for a call, memoised (drive lock held: called from operations).
@@ -271,9 +273,7 @@ class Comm : public std::enable_shared_from_this<Comm> {
   std::vector<std::vector<int>> hosts_;
   std::vector<int> host_of_, local_index_;
   int ranks_per_host_ = 1;
-  // Every peer is on our host and has a small-message box (transports/small_box.h): the
-  // tuner may choose the box algorithms (Shape::box_bytes).
-  bool boxes_ = false;
+  bool boxes_ = false;  // has_boxes()
   std::vector<const TransportDesc*> transport_;                  // [peer]
   std::vector<std::vector<std::unique_ptr<Connection>>> conns_;  // [peer][channel]
   std::vector<std::unique_ptr<PeerLink>> links_;                 // [peer], over conns_[peer]
