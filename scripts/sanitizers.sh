@@ -68,6 +68,10 @@ done
 #     the same code with other counts); TSan, looking for races between threads, which the
 #     hierarchical algorithms do not add (their stages are fibers of the one thread that drives
 #     the operation), keeps the matrix alone;
+#   - TSan: the small-message algorithms' matrices on threads other than AllReduce's and
+#     AlltoAll's: every collective moves its messages through the same box code
+#     (transports/small_box.cc), whose races those two (a fold, every pair both ways) exercise;
+#     ASan and the normal stage run them all;
 #   - both: the launcher and layering checks (a shell script around chorus-run, and builds of
 #     probe files), which exercise no instrumented code, and the tools' checks (tools:, scripts
 #     around chorus-info, which these builds do not build).
@@ -94,7 +98,8 @@ asan_exclude="$not_instrumented|$default_matrix|$second_rank_count|$compress_rep
 asan_datatypes=int8,float,double
 protocol_variants='^mp:multi-process matrix over (shared memory with 2 ranks|shared memory, (every message by reference|registered buffers, every message mapped|no message by reference|registered buffers, chunks over 3 paths)|TCP, chunks over 3 paths per peer)$'
 compress_matrices='^(ranks:compressed collectives are within|mp:compressed collectives over shared memory)'
-tsan_exclude="$not_instrumented|$default_matrix|$second_rank_count|$protocol_variants|$compress_matrices|$host_repeats|$host_tsan|^fault:a frozen peer|UCX|^unit:ucx:"
+box_tsan='^ranks:[A-Za-z]+ with algorithm (reducescatter|allgather|broadcast|reduce|gather|scatter):box$'
+tsan_exclude="$not_instrumented|$default_matrix|$second_rank_count|$protocol_variants|$compress_matrices|$host_repeats|$host_tsan|$box_tsan|^fault:a frozen peer|UCX|^unit:ucx:"
 tsan_datatypes=float
 
 # -g1: line tables only (what the sanitizers' stack traces use), not full debug info: the

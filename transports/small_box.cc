@@ -66,7 +66,9 @@ Status SmallBox::send(const MsgTag& tag, const void* data, size_t bytes) {
                             bytes);
   }
   SlotHeader* s = slot(out_, sent_);
-  if (bytes <= kInlineBytes) {
+  if (bytes == 0) {
+    // Nothing to copy (data may be null).
+  } else if (bytes <= kInlineBytes) {
     std::memcpy(s->inline_payload, data, bytes);
   } else {
     std::memcpy(reinterpret_cast<std::byte*>(s) + sizeof(SlotHeader), data, bytes);

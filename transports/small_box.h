@@ -45,7 +45,7 @@ struct BoxWait {
 
 class SmallBox {
  public:
-  static constexpr uint32_t kSlots = 4;
+  static constexpr uint32_t kSlots = 16;
   static constexpr size_t kMaxBytes = 4096;   // payload of one message
   static constexpr size_t kInlineBytes = 32;  // travels in the slot's first line
 

@@ -67,10 +67,11 @@ ALGO_TEST(AlltoAll, "alltoall:pairwise")
 ALGO_TEST(AlltoAll, "alltoall:bruck")
 
 // The small-message algorithms, at counts whose messages fit a box (up to 511 doubles: 4088
-// bytes) and that do not (1023 doubles, 65537: the model's choice among the others).
+// bytes) and one that does not for the larger datatypes (1023 doubles: the model's choice
+// among the others, which their own tests cover at every count).
 #define BOX_TEST(COLL, SPEC)                                                                \
   TEST_CASE(#COLL " with algorithm " SPEC, "[ranks][algo][box]") {                          \
-    run_algorithm(Coll::k##COLL, SPEC, {2, 3, 5, 8}, {0, 1, 7, 100, 511, 1023, 65537});     \
+    run_algorithm(Coll::k##COLL, SPEC, {2, 3, 5, 8}, {0, 1, 7, 100, 511, 1023});            \
   }
 
 BOX_TEST(AllReduce, "allreduce:box")
