@@ -62,7 +62,7 @@ TEST_CASE("box: messages of every size arrive in order, inline and not", "[unit]
     REQUIRE(p.side[1]->can_receive(&w));
     Result<const void*> got = p.side[1]->receive(tag_of(i, bytes), bytes);
     REQUIRE(got.ok());
-    CHECK(std::memcmp(*got, data.data(), bytes) == 0);
+    if (bytes > 0) CHECK(std::memcmp(*got, data.data(), bytes) == 0);  // data() may be null
     p.side[1]->release();
     CHECK_FALSE(p.side[1]->can_receive(&w));  // nothing more
   }
