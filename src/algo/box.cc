@@ -85,6 +85,30 @@ Result<const void*> take(OpContext& ctx, SmallBox* box, int peer, size_t bytes) 
     payload = *got_;                                                                      \
   } while (0)
 
+// Copies the next message from `from` (`bytes` long) into `out`.
+Task receive_into(OpContext& ctx, int from, char* out, size_t bytes) {
+  SmallBox* box;
+  const void* data;
+  CHORUS_BOX_RECEIVE(box, data, from, bytes);
+  std::memcpy(out, data, bytes);
+  box->release();
+  co_return Status();
+}
+
+// Block q of `out` (`bytes` each) becomes peer q's next message, for every peer q.
+Task receive_blocks(OpContext& ctx, char* out, size_t bytes) {
+  const int n = ctx.nranks(), r = ctx.rank();
+  for (int k = 1; k < n; ++k) {
+    const int from = mod(r - k, n);
+    SmallBox* box;
+    const void* block;
+    CHORUS_BOX_RECEIVE(box, block, from, bytes);
+    std::memcpy(out + from * bytes, block, bytes);
+    box->release();
+  }
+  co_return Status();
+}
+
 bool overlaps(const void* a, const void* b, size_t bytes) {
   auto x = reinterpret_cast<uintptr_t>(a), y = reinterpret_cast<uintptr_t>(b);
   return x < y + bytes && y < x + bytes;
@@ -165,15 +189,7 @@ Task box_all_gather(OpContext& ctx, Args a) {
   if (bytes == 0) co_return Status();
   for (int k = 1; k < n; ++k) CHORUS_BOX_SEND(mod(r + k, n), a.in, bytes);
   copy_if_needed(a.out + r * bytes, a.in, bytes);
-  for (int k = 1; k < n; ++k) {
-    const int from = mod(r - k, n);
-    SmallBox* box;
-    const void* block;
-    CHORUS_BOX_RECEIVE(box, block, from, bytes);
-    std::memcpy(a.out + from * bytes, block, bytes);
-    box->release();
-  }
-  co_return Status();
+  co_return co_await receive_blocks(ctx, a.out, bytes);
 }
 
 Task box_alltoall(OpContext& ctx, Args a) {
@@ -186,15 +202,7 @@ Task box_alltoall(OpContext& ctx, Args a) {
     CHORUS_BOX_SEND(to, a.in + to * bytes, bytes);
   }
   copy_if_needed(a.out + r * bytes, a.in + r * bytes, bytes);
-  for (int k = 1; k < n; ++k) {
-    const int from = mod(r - k, n);
-    SmallBox* box;
-    const void* block;
-    CHORUS_BOX_RECEIVE(box, block, from, bytes);
-    std::memcpy(a.out + from * bytes, block, bytes);
-    box->release();
-  }
-  co_return Status();
+  co_return co_await receive_blocks(ctx, a.out, bytes);
 }
 
 Task box_broadcast(OpContext& ctx, Args a) {
@@ -206,16 +214,11 @@ Task box_broadcast(OpContext& ctx, Args a) {
     copy_if_needed(a.out, a.in, bytes);
     co_return Status();
   }
-  SmallBox* box;
-  const void* data;
-  CHORUS_BOX_RECEIVE(box, data, a.root, bytes);
-  std::memcpy(a.out, data, bytes);
-  box->release();
-  co_return Status();
+  co_return co_await receive_into(ctx, a.root, a.out, bytes);
 }
 
 Task box_gather(OpContext& ctx, Args a) {
-  const int n = ctx.nranks(), r = ctx.rank();
+  const int r = ctx.rank();
   const size_t bytes = a.count * a.elem_size;  // one block
   if (bytes == 0) co_return Status();
   if (r != a.root) {
@@ -223,15 +226,7 @@ Task box_gather(OpContext& ctx, Args a) {
     co_return Status();
   }
   copy_if_needed(a.out + r * bytes, a.in, bytes);
-  for (int k = 1; k < n; ++k) {
-    const int from = mod(r + k, n);
-    SmallBox* box;
-    const void* block;
-    CHORUS_BOX_RECEIVE(box, block, from, bytes);
-    std::memcpy(a.out + from * bytes, block, bytes);
-    box->release();
-  }
-  co_return Status();
+  co_return co_await receive_blocks(ctx, a.out, bytes);
 }
 
 Task box_scatter(OpContext& ctx, Args a) {
@@ -246,12 +241,7 @@ Task box_scatter(OpContext& ctx, Args a) {
     copy_if_needed(a.out, a.in + r * bytes, bytes);
     co_return Status();
   }
-  SmallBox* box;
-  const void* block;
-  CHORUS_BOX_RECEIVE(box, block, a.root, bytes);
-  std::memcpy(a.out, block, bytes);
-  box->release();
-  co_return Status();
+  co_return co_await receive_into(ctx, a.root, a.out, bytes);
 }
 
 #undef CHORUS_BOX_SEND
