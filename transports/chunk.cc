@@ -234,6 +234,22 @@ bool PeerLink::progress() {
       }
     }
   }
+  if (error_.ok() && !pending_.empty()) {
+    // A path the peer closed in order brings nothing more, but the others may still bring what
+    // was sent before (Connection::peer_closed): a receive fails once every path is closed.
+    const Status* closed = nullptr;
+    for (Connection* c : paths_) {
+      if (c->peer_closed().ok()) {
+        closed = nullptr;
+        break;
+      }
+      if (closed == nullptr) closed = &c->peer_closed();
+    }
+    if (closed != nullptr) {
+      fail(*closed);
+      moved = true;
+    }
+  }
   return moved;
 }
 

@@ -203,6 +203,14 @@ class Connection {
   // or null when the transport has none. Shared memory offers one on channel 0; it lives as
   // long as the connection and closes with it.
   virtual SmallBox* small_box() { return nullptr; }
+  // Not OK once the peer closed this path in order while nothing of ours was posted on it (its
+  // communicator went away between messages, or its process exited): nothing more will arrive
+  // on it. That alone is no failure of the path: what the peer sent on its other paths before
+  // closing may still be on its way (over TCP a FIN on one rail can overtake data on another,
+  // and a memory transport may be looked at in the wrong order), so the chunk layer fails a
+  // waiting receive only once every path to the peer is closed or failed. A request posted on
+  // the path afterwards fails with this reason (error() then says it too).
+  const Status& peer_closed() const { return peer_closed_; }
 
  protected:
   Connection(int peer, int channel) : peer_(peer), channel_(channel) {}
@@ -210,11 +218,16 @@ class Connection {
   void set_error(Status status) {
     if (error_.ok()) error_ = std::move(status);
   }
+  // Records that the peer closed in order (peer_closed()); the first reason stays.
+  void set_peer_closed(Status why) {
+    if (peer_closed_.ok()) peer_closed_ = std::move(why);
+  }
 
  private:
   int peer_;
   int channel_;
   Status error_;
+  Status peer_closed_;
 };
 
 }  // namespace chorus

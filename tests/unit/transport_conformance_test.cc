@@ -487,4 +487,68 @@ TEST_CASE("every transport: the chunk layer names both calls of a mismatch, and 
   }, kPaths);
 }
 
+TEST_CASE("every transport: a path the peer closed between messages fails no receive while "
+          "another path may still bring it; the last one closing does", "[unit][transport][chunk]") {
+  // The peer's communicator going away closes its paths one after the other, and what it sent
+  // on one path may be seen after another's close (over TCP a FIN on one rail can overtake
+  // data on another; CI saw exactly that).
+  for_each_transport([](const std::string& name, Pair& pair) {
+    INFO(name);
+    std::vector<Connection*> paths;
+    for (auto& c : pair.conns[1][0]) paths.push_back(c.get());
+    PeerLink receiver(1, 0, std::move(paths), kChunk);
+    std::vector<float> sent = random_floats(16, 3), got(16, -1.0f), more(16, -1.0f);
+    RecvRequest r;
+    r.dst = got.data();
+    r.bytes = 64;
+    r.tag = message_tag(4, 16, 0, 0);
+    receiver.post_recv(&r);
+    receiver.progress();
+    pair.conns[0][0][2].reset();  // the sender closes path 2 first
+    Deadline seen = Deadline::after_ms(10000);
+    while (pair.conns[1][0][2]->peer_closed().ok() && !seen.expired()) receiver.progress();
+    REQUIRE_FALSE(pair.conns[1][0][2]->peer_closed().ok());
+    CHECK_THAT(pair.conns[1][0][2]->peer_closed().message(), Catch::Contains("rank 0"));
+    CHECK(pair.conns[1][0][2]->error().ok());
+    CHECK(receiver.error().ok());
+    CHECK_FALSE(r.done());
+
+    // The message on path 0 still arrives.
+    SendRequest s;
+    s.buf = sent.data();
+    s.bytes = 64;
+    s.tag = r.tag;
+    s.tag.set_chunk(0, true);
+    Connection* path0 = pair.conns[0][0][0].get();
+    path0->post_send(&s);
+    REQUIRE(drive_with([&] { return path0->progress() | receiver.progress(); }, {&s, &r}));
+    REQUIRE_FALSE(r.failed());
+    CHECK(got == sent);
+    CHECK(receiver.error().ok());
+
+    // Once every path is closed, a receive waiting for the peer fails, naming it.
+    RecvRequest r2;
+    r2.dst = more.data();
+    r2.bytes = 64;
+    r2.tag = message_tag(5, 16, 1, 0);
+    receiver.post_recv(&r2);
+    pair.conns[0][0].clear();
+    REQUIRE(drive_with([&] { return receiver.progress(); }, {&r2}));
+    CHECK(r2.failed());
+    CHECK(receiver.error().code() == Code::kRemoteError);
+    CHECK_THAT(receiver.error().message(), Catch::Contains("rank 0"));
+    // A receive posted on a closed path fails at once with its reason.
+    RecvRequest r3;
+    r3.dst = more.data();
+    r3.bytes = 64;
+    r3.tag = message_tag(6, 16, 2, 0);
+    r3.tag.set_chunk(0, true);
+    pair.conns[1][0][2]->post_recv(&r3);
+    drive_with([&] { return pair.conns[1][0][2]->progress(); }, {&r3});
+    CHECK(r3.failed());
+    CHECK_FALSE(pair.conns[1][0][2]->error().ok());
+    pair.conns[1][0].clear();  // before the link that points at them
+  }, kPaths);
+}
+
 }  // namespace chorus

@@ -95,10 +95,16 @@ bool DirectConnection::consume_one() {
 }
 
 bool DirectConnection::peek(MsgTag* tag, uint64_t* bytes) {
-  if (!error().ok() || !recvs_.empty()) return false;
+  if (!error().ok() || !recvs_.empty() || !peer_closed().ok()) return false;
   std::lock_guard<std::mutex> lock(in_->mutex);
   if (in_->closed) {
-    fail_all(in_->error);
+    // The peer left between messages: what it sent on its other channels may still wait there
+    // (transport.h, peer_closed()). A receive posted here fails on the closed inbox.
+    if (in_->closed_by == peer()) {
+      set_peer_closed(in_->error);
+    } else {
+      fail_all(in_->error);
+    }
     return false;
   }
   if (in_->sends.empty()) return false;

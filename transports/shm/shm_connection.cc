@@ -236,16 +236,18 @@ bool ShmConnection::progress_recvs() {
 }
 
 bool ShmConnection::peek(MsgTag* tag, uint64_t* bytes) {
-  if (!error().ok() || !recvs_.empty()) return false;
+  if (!error().ok() || !recvs_.empty() || !peer_closed().ok()) return false;
   if (recv_available(kFifoAlign) < kFifoAlign) {
     // Acquire, then a fresh look at head: what the producer published before closing counts.
     if (recv_.control->producer_closed.load(std::memory_order_acquire) == 0 ||
         recv_available(kFifoAlign) >= kFifoAlign) {
       return false;
     }
-    fail_all(remote_error("rank {} (pid {}) closed its shared-memory connection (channel {}) "
-                          "while rank {} waits for its next message",
-                          peer(), peer_pid_, channel(), self_rank_));
+    // Between messages: what it sent on its other channels may still be unread there
+    // (transport.h, peer_closed()). A receive posted here fails when it finds the ring closed.
+    set_peer_closed(remote_error("rank {} (pid {}) closed its shared-memory connection "
+                                 "(channel {}) while rank {} waits for its next message",
+                                 peer(), peer_pid_, channel(), self_rank_));
     return false;
   }
   MsgHeader header;

@@ -80,6 +80,7 @@ void TcpConnection::post_send(SendRequest* req) {
     return;
   }
   sends_.push(req);
+  if (!peer_closed().ok()) fail_all(peer_closed());
 }
 
 void TcpConnection::post_recv(RecvRequest* req) {
@@ -89,6 +90,10 @@ void TcpConnection::post_recv(RecvRequest* req) {
   }
   recvs_.push(req);
   peeking_ = false;
+  if (!peer_closed().ok()) {
+    fail_all(peer_closed());
+    return;
+  }
   Status st = check_reducing_receive(*req, peer());
   if (!st.ok()) fail_all(std::move(st));
 }
@@ -211,6 +216,15 @@ bool TcpConnection::fill_header(const RecvRequest* req, bool* moved) {
     int err = 0;
     ssize_t n = recv_nb(fd_.get(), dst + rx_header_got_, kHeaderBytes - rx_header_got_, &err);
     if (n == 0) return false;
+    if (n < 0 && err == 0 && req == nullptr && rx_header_got_ == 0 && sends_.empty()) {
+      // The peer closed between messages while nothing of ours is posted here: not a failure
+      // of this path by itself (transport.h, peer_closed()).
+      set_peer_closed(remote_error("rank {} ({}) closed tcp channel {} (its communicator went "
+                                   "away or its process exited) while rank {} waits for its "
+                                   "next message", peer(), peer_addr_, channel(), my_rank_));
+      peeking_ = false;
+      return false;
+    }
     if (n < 0) {
       fail_all(io_error(err, req, "receiving"));
       *moved = true;
@@ -247,7 +261,7 @@ bool TcpConnection::read_header(RecvRequest* req, bool* moved) {
 }
 
 bool TcpConnection::peek(MsgTag* tag, uint64_t* bytes) {
-  if (broken_ || !recvs_.empty()) return false;
+  if (broken_ || !recvs_.empty() || !peer_closed().ok()) return false;
   peeking_ = true;
   bool moved = false;
   if (!fill_header(nullptr, &moved)) return false;

@@ -168,6 +168,10 @@ void UcxConnection::post_recv(RecvRequest* req) {
     return;
   }
   recvs_.push(req);
+  if (!peer_closed().ok()) {
+    fail_all(peer_closed(), false);
+    return;
+  }
   Status st = check_reducing_receive(*req, peer());
   if (!st.ok()) fail_all(std::move(st), true);
 }
@@ -192,12 +196,17 @@ bool UcxConnection::progress() {
   return moved;
 }
 
-bool UcxConnection::check_gone() {
+bool UcxConnection::check_gone(bool peeking) {
   if (check_farewell()) {
     if (fw_code_ == Code::kOk) {
-      fail_all(remote_error("{} closed its end of ucx channel {} (its communicator went away) {}",
-                            peer_->label, channel(), situation()),
-               false);
+      Status closed = remote_error("{} closed its end of ucx channel {} (its communicator went "
+                                   "away) {}", peer_->label, channel(), situation());
+      if (peeking && idle()) {
+        // Between messages: not a failure by itself (transport.h, peer_closed()).
+        set_peer_closed(std::move(closed));
+        return false;
+      }
+      fail_all(std::move(closed), false);
       return true;
     }
     fail_all(Status(farewell_code(static_cast<uint32_t>(fw_code_)),
@@ -293,12 +302,12 @@ bool UcxConnection::poll_header(const RecvRequest* req, bool* moved) {
 }
 
 bool UcxConnection::peek(MsgTag* tag, uint64_t* bytes) {
-  if (broken_ || !recvs_.empty()) return false;
+  if (broken_ || !recvs_.empty() || !peer_closed().ok()) return false;
   bool moved = false;
   worker_->progress();
   if (!poll_header(nullptr, &moved)) {
     // Nothing arrived: a peer that has gone will send nothing more.
-    if (!broken_) check_gone();
+    if (!broken_) check_gone(/*peeking=*/true);
     return false;
   }
   *tag = rx_header_.tag;

@@ -90,7 +90,7 @@ class UcxConnection final : public Connection {
   // True when the peer's farewell has arrived (fw_code_ and fw_text_ hold it).
   bool check_farewell();
   // Fails the connection (true) if the peer said farewell or its endpoint failed.
-  bool check_gone();
+  bool check_gone(bool peeking = false);
   // Records why the connection broke (logged once), tells the peer if `tell_peer`, makes UCX
   // let go of the caller's buffers, and fails every pending request.
   void fail_all(Status status, bool tell_peer);

@@ -170,6 +170,7 @@ void VerbsConnection::post_send(SendRequest* req) {
     return;
   }
   sends_.push(req);
+  if (!peer_closed().ok()) fail_all(peer_closed(), false);
 }
 
 void VerbsConnection::post_recv(RecvRequest* req) {
@@ -178,6 +179,10 @@ void VerbsConnection::post_recv(RecvRequest* req) {
     return;
   }
   recvs_.push(req);
+  if (!peer_closed().ok()) {
+    fail_all(peer_closed(), false);
+    return;
+  }
   Status st = check_reducing_receive(*req, peer());
   if (!st.ok()) fail_all(std::move(st), true);
 }
@@ -433,13 +438,17 @@ void VerbsConnection::send_farewell(Code code, const std::string& reason) {
   }
 }
 
-bool VerbsConnection::check_gone() {
+bool VerbsConnection::check_gone(bool peeking) {
   if (!fw_arrived_ || rx_seq_ < rx_arrived_ || rx_done_) return false;
   if (fw_wire_code_ == 0) {
-    fail_all(remote_error("verbs: {} closed its end of verbs channel {} (its communicator went "
-                          "away) {}",
-                          s_.peer_label, s_.channel, situation()),
-             false);
+    Status closed = remote_error("verbs: {} closed its end of verbs channel {} (its communicator "
+                                 "went away) {}", s_.peer_label, s_.channel, situation());
+    if (peeking && idle()) {
+      // Between messages: not a failure by itself (transport.h, peer_closed()).
+      set_peer_closed(std::move(closed));
+      return false;
+    }
+    fail_all(std::move(closed), false);
   } else {
     fail_all(Status(farewell_code(fw_wire_code_),
                     fmt::format("{} gave up {}: {}", s_.peer_label, situation(), fw_text_)),

@@ -174,7 +174,7 @@ class VerbsConnection final : public Connection {
   bool answer_announcement(RecvRequest* req, const SlotHeader& h);
   void maybe_send_credit();
   void send_farewell(Code code, const std::string& reason);
-  bool check_gone();
+  bool check_gone(bool peeking = false);
   // Records why the connection broke (logged once), tells the peer if `tell_peer`, stops the
   // QP so that the HCA lets go of the caller's buffers, and fails every pending request.
   void fail_all(Status status, bool tell_peer);

@@ -319,7 +319,7 @@ void VerbsConnection::maybe_send_credit() {
 }
 
 bool VerbsConnection::peek(MsgTag* tag, uint64_t* bytes) {
-  if (broken_ || !recvs_.empty()) return false;
+  if (broken_ || !recvs_.empty() || !peer_closed().ok()) return false;
   progress();
   if (broken_) return false;
   if (rx_seq_ < rx_arrived_) {
@@ -333,7 +333,7 @@ bool VerbsConnection::peek(MsgTag* tag, uint64_t* bytes) {
     *bytes = h.total;
     return true;
   }
-  check_gone();  // nothing arrived: a peer that has gone sends nothing more
+  check_gone(/*peeking=*/true);  // nothing arrived: a peer that has gone sends nothing more
   return false;
 }
 

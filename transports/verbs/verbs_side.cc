@@ -295,6 +295,7 @@ WatchedConnection::~WatchedConnection() {
 
 void WatchedConnection::sync_error() {
   if (!inner_->error().ok() && error().ok()) set_error(inner_->error());
+  if (!inner_->peer_closed().ok()) set_peer_closed(inner_->peer_closed());
 }
 
 void WatchedConnection::post_send(SendRequest* req) {
@@ -323,7 +324,9 @@ bool WatchedConnection::progress() {
 
 bool WatchedConnection::peek(MsgTag* tag, uint64_t* bytes) {
   if (inner_->peek(tag, bytes)) return true;
-  check_side(true);  // the chunk layer waits for a message that a dead peer will never send
+  // The chunk layer waits for a message that a dead peer will never send; one that closed in
+  // order said so itself (peer_closed()).
+  if (inner_->peer_closed().ok()) check_side(true);
   sync_error();
   return false;
 }
