@@ -68,6 +68,9 @@ done
 #     the same code with other counts); TSan, looking for races between threads, which the
 #     hierarchical algorithms do not add (their stages are fibers of the one thread that drives
 #     the operation), keeps the matrix alone;
+#   - TSan: the per-algorithm matrices with 2, 3 and 8 ranks of their 1-8
+#     (CHORUS_TEST_RANK_COUNTS): one rank has no peer to race with, and 4 and 5 ranks add
+#     threads doing what they do with 3 and 8; ASan and the normal stage run them all;
 #   - TSan: the small-message algorithms' matrices on threads other than AllReduce's and
 #     AlltoAll's: every collective moves its messages through the same box code
 #     (transports/small_box.cc), whose races those two (a fold, every pair both ways) exercise;
@@ -159,7 +162,7 @@ stage_tsan() {
   # (the bootstrap root); by default TSan refuses to start threads in such a child.
   export TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:die_after_fork=0"
   TSAN_OPTIONS+=":suppressions=$supp/tsan.supp"
-  run_ctest build-tsan "$tsan_exclude" "$tsan_datatypes" "${wrapper[@]}"
+  CHORUS_TEST_RANK_COUNTS=2,3,8 run_ctest build-tsan "$tsan_exclude" "$tsan_datatypes" "${wrapper[@]}"
   unset TSAN_OPTIONS
 }
 

@@ -44,6 +44,10 @@ struct Args {
   RedOpKind fold = RedOpKind::kSum;
 };
 
+// A call's buffers, count, element and root as an algorithm takes them, with the reduction's
+// kernel for a reduction (Avg and PreMulSum as Sum: the caller scales and divides).
+Args args_for(const CollCall& call);
+
 // AllReduce
 Task all_reduce_ring(OpContext& ctx, Args a);        // reduce-scatter + all-gather rings
 Task all_reduce_rd(OpContext& ctx, Args a);          // recursive doubling (latency)

@@ -12,239 +12,205 @@
 // sends at most one message each way, in issue order on both sides, so the box's ordinals match
 // the operations, and a rank can run ahead of a peer by at most SmallBox::kSlots operations.
 //
-// Reductions fold in rank order, (((x0 op x1) op x2) ... op x(n-1)), as the one-shot AllReduce
-// does: every rank ends with the same bits.
+// Each collective is its sends (to every peer from r + 1 on, or to the root), then a copy of
+// this rank's own block, then its receives: a fold of every rank's term in rank order,
+// (((x0 op x1) op x2) ... op x(n-1)), as the one-shot AllReduce does, so that every rank ends
+// with the same bits; or a block from every peer (from r - 1 down); or one message from the
+// root. BoxCollective (box.h) runs them as a resumable plain function, for a fiber or for a
+// blocking call's own frame.
+#include "algo/box.h"
+
 #include <cstring>
 
-#include "algo/algo.h"
 #include "core/comm.h"
-#include "transports/small_box.h"
 
 namespace chorus::algo {
 namespace {
-
-SmallBox* box_to(OpContext& ctx, int peer) {
-  return ctx.comm().conn(ctx.comm_rank(peer), 0)->small_box();
-}
-
-// The slow paths: parks until the box can take our next message (has the peer's next one). The
-// request names the peer for the liveness checks and the timeout's message.
-Task wait_to_send(OpContext& ctx, SmallBox* box, int peer, size_t bytes) {
-  Request waiting;
-  waiting.peer = ctx.comm_rank(peer);
-  waiting.is_send = true;
-  waiting.bytes = bytes;
-  waiting.tag = ctx.tag();
-  BoxWait w;
-  while (!box->can_send(&w)) co_await WaitUntil{WaitCond{w.word, w.target}, &waiting, false};
-  co_return Status();
-}
-
-Task wait_to_receive(OpContext& ctx, SmallBox* box, int peer, size_t bytes) {
-  Request waiting;
-  waiting.peer = ctx.comm_rank(peer);
-  waiting.bytes = bytes;
-  waiting.tag = ctx.tag();
-  BoxWait w;
-  while (!box->can_receive(&w)) co_await WaitUntil{WaitCond{w.word, w.target}, &waiting, false};
-  co_return Status();
-}
-
-Status put(OpContext& ctx, SmallBox* box, int peer, const void* data, size_t bytes) {
-  CHORUS_RETURN_IF_ERROR(box->send(ctx.tag(), data, bytes));
-  ctx.comm().count_bytes(ctx.comm_rank(peer), true, bytes, bytes);
-  return Status();
-}
-
-Result<const void*> take(OpContext& ctx, SmallBox* box, int peer, size_t bytes) {
-  Result<const void*> got = box->receive(ctx.tag(), bytes);
-  if (got.ok()) ctx.comm().count_bytes(ctx.comm_rank(peer), false, bytes, bytes);
-  return got;
-}
-
-// `CHORUS_BOX_SEND(peer, data, bytes)`: the next message to `peer`, waiting for a slot.
-#define CHORUS_BOX_SEND(peer, data, bytes)                                                \
-  do {                                                                                    \
-    SmallBox* box_ = box_to(ctx, peer);                                                   \
-    BoxWait wait_;                                                                        \
-    if (!box_->can_send(&wait_))                                                          \
-      CHORUS_CO_RETURN_IF_ERROR(co_await wait_to_send(ctx, box_, peer, bytes));           \
-    CHORUS_CO_RETURN_IF_ERROR(put(ctx, box_, peer, data, bytes));                         \
-  } while (0)
-
-// `CHORUS_BOX_RECEIVE(box, payload, peer, bytes)`: sets `box` (SmallBox*) and `payload`
-// (const void*) to the next message from `peer`, checked; the caller releases it.
-#define CHORUS_BOX_RECEIVE(box, payload, peer, bytes)                                     \
-  do {                                                                                    \
-    box = box_to(ctx, peer);                                                              \
-    BoxWait wait_;                                                                        \
-    if (!box->can_receive(&wait_))                                                        \
-      CHORUS_CO_RETURN_IF_ERROR(co_await wait_to_receive(ctx, box, peer, bytes));         \
-    Result<const void*> got_ = take(ctx, box, peer, bytes);                               \
-    if (!got_.ok()) co_return got_.take_status();                                         \
-    payload = *got_;                                                                      \
-  } while (0)
-
-// Copies the next message from `from` (`bytes` long) into `out`.
-Task receive_into(OpContext& ctx, int from, char* out, size_t bytes) {
-  SmallBox* box;
-  const void* data;
-  CHORUS_BOX_RECEIVE(box, data, from, bytes);
-  std::memcpy(out, data, bytes);
-  box->release();
-  co_return Status();
-}
-
-// Block q of `out` (`bytes` each) becomes peer q's next message, for every peer q.
-Task receive_blocks(OpContext& ctx, char* out, size_t bytes) {
-  const int n = ctx.nranks(), r = ctx.rank();
-  for (int k = 1; k < n; ++k) {
-    const int from = mod(r - k, n);
-    SmallBox* box;
-    const void* block;
-    CHORUS_BOX_RECEIVE(box, block, from, bytes);
-    std::memcpy(out + from * bytes, block, bytes);
-    box->release();
-  }
-  co_return Status();
-}
 
 bool overlaps(const void* a, const void* b, size_t bytes) {
   auto x = reinterpret_cast<uintptr_t>(a), y = reinterpret_cast<uintptr_t>(b);
   return x < y + bytes && y < x + bytes;
 }
 
-// out = fold of the n terms in rank order, taking every peer's term from its box: `mine` is
-// ours, `from_peer` the size of each. Our term is copied aside first when writing `out` would
-// overwrite it before it is folded (in place, not rank 0).
-Task fold_in_rank_order(OpContext& ctx, const Args& a, const char* mine, char* out,
-                        size_t count) {
-  const int n = ctx.nranks(), r = ctx.rank();
-  const size_t bytes = count * a.elem_size;
-  if (r != 0 && overlaps(mine, out, bytes)) {
-    char* copy = static_cast<char*>(ctx.scratch(4, bytes));
-    std::memcpy(copy, mine, bytes);
-    mine = copy;
+}  // namespace
+
+BoxCollective::BoxCollective(OpContext& ctx, CollKind kind, const Args& a)
+    : ctx_(ctx), a_(a), n_(ctx.nranks()), r_(ctx.rank()), bytes_(a.count * a.elem_size) {
+  if (bytes_ == 0) {
+    phase_ = Phase::kDone;
+    return;
   }
-  for (int q = 0; q < n; ++q) {
-    if (q == r) {
-      if (q == 0) {
-        copy_if_needed(out, mine, bytes);
+  const bool root = r_ == a.root;
+  auto own_block = [&](char* dst, const char* src) {
+    copy_dst_ = dst;
+    copy_src_ = src;
+    copy_bytes_ = bytes_;
+  };
+  switch (kind) {
+    case CollKind::kAllReduce:
+      sends_ = n_ - 1;
+      receive_ = Receive::kFold;
+      mine_ = a.in;
+      break;
+    case CollKind::kReduceScatter:
+      sends_ = n_ - 1;
+      send_blocks_ = true;
+      receive_ = Receive::kFold;
+      mine_ = a.in + r_ * bytes_;
+      break;
+    case CollKind::kReduce:
+      if (!root) {
+        sends_ = 1;
+        to_root_ = true;
       } else {
-        a.reduce(out, out, mine, count);
+        receive_ = Receive::kFold;
+        mine_ = a.in;
       }
+      break;
+    case CollKind::kAllGather:
+      sends_ = n_ - 1;
+      own_block(a.out + r_ * bytes_, a.in);
+      receive_ = Receive::kBlocks;
+      break;
+    case CollKind::kAlltoAll:
+      // Every block is in a box before any lands in out: in place needs no copy.
+      sends_ = n_ - 1;
+      send_blocks_ = true;
+      own_block(a.out + r_ * bytes_, a.in + r_ * bytes_);
+      receive_ = Receive::kBlocks;
+      break;
+    case CollKind::kBroadcast:
+      if (root) {
+        sends_ = n_ - 1;
+        own_block(a.out, a.in);
+      } else {
+        receive_ = Receive::kInto;
+      }
+      break;
+    case CollKind::kGather:
+      if (!root) {
+        sends_ = 1;
+        to_root_ = true;
+      } else {
+        own_block(a.out + r_ * bytes_, a.in);
+        receive_ = Receive::kBlocks;
+      }
+      break;
+    case CollKind::kScatter:
+      if (root) {
+        sends_ = n_ - 1;
+        send_blocks_ = true;
+        own_block(a.out, a.in + r_ * bytes_);
+      } else {
+        receive_ = Receive::kInto;
+      }
+      break;
+    default:
+      finish(internal_error("no small-message algorithm for {}", coll_name(kind)));
+      break;
+  }
+}
+
+SmallBox* BoxCollective::box_to(int peer) const {
+  return ctx_.comm().conn(ctx_.comm_rank(peer), 0)->small_box();
+}
+
+bool BoxCollective::finish(Status status) {
+  status_ = std::move(status);
+  phase_ = Phase::kDone;
+  return true;
+}
+
+bool BoxCollective::step(BoxWait* wait) {
+  while (phase_ == Phase::kSend) {
+    if (k_ == sends_) {
+      copy_if_needed(copy_dst_, copy_src_, copy_bytes_);
+      // A fold writes out before it reads our term (rank 0's first): in place, not rank 0, our
+      // term goes aside first.
+      if (receive_ == Receive::kFold && r_ != 0 && overlaps(mine_, a_.out, bytes_)) {
+        char* copy = static_cast<char*>(ctx_.scratch(4, bytes_));
+        std::memcpy(copy, mine_, bytes_);
+        mine_ = copy;
+      }
+      phase_ = receive_ == Receive::kNone ? Phase::kDone : Phase::kReceive;
+      k_ = 0;
+      break;
+    }
+    const int to = to_root_ ? a_.root : mod(r_ + k_ + 1, n_);
+    SmallBox* box = box_to(to);
+    if (!box->can_send(wait)) {
+      waiting_peer_ = ctx_.comm_rank(to);
+      return false;
+    }
+    const char* data = send_blocks_ ? a_.in + to * bytes_ : a_.in;
+    if (Status st = box->send(ctx_.tag(), data, bytes_); !st.ok()) return finish(std::move(st));
+    ctx_.comm().count_bytes(ctx_.comm_rank(to), true, bytes_, bytes_);
+    ++k_;
+  }
+  while (phase_ == Phase::kReceive) {
+    const int count = receive_ == Receive::kFold ? n_ : receive_ == Receive::kBlocks ? n_ - 1 : 1;
+    if (k_ == count) return finish(Status());
+    const int from = receive_ == Receive::kFold     ? k_
+                     : receive_ == Receive::kBlocks ? mod(r_ - k_ - 1, n_)
+                                                    : a_.root;
+    if (from == r_) {  // our own term of the fold
+      if (r_ == 0) {
+        copy_if_needed(a_.out, mine_, bytes_);
+      } else {
+        a_.reduce(a_.out, a_.out, mine_, a_.count);
+      }
+      ++k_;
       continue;
     }
-    SmallBox* box;
-    const void* term;
-    CHORUS_BOX_RECEIVE(box, term, q, bytes);
-    if (q == 0) {
-      std::memcpy(out, term, bytes);
+    SmallBox* box = box_to(from);
+    if (!box->can_receive(wait)) {
+      waiting_peer_ = ctx_.comm_rank(from);
+      return false;
+    }
+    Result<const void*> got = box->receive(ctx_.tag(), bytes_);
+    if (!got.ok()) return finish(got.take_status());
+    ctx_.comm().count_bytes(ctx_.comm_rank(from), false, bytes_, bytes_);
+    if (receive_ == Receive::kFold && from != 0) {
+      a_.reduce(a_.out, a_.out, *got, a_.count);
     } else {
-      a.reduce(out, out, term, count);
+      char* dst = receive_ == Receive::kBlocks ? a_.out + from * bytes_ : a_.out;
+      std::memcpy(dst, *got, bytes_);
     }
     box->release();
+    ++k_;
   }
-  co_return Status();
+  return true;
+}
+
+namespace {
+
+// A fiber's run of a box collective: parks on what step() waits for. The request names the
+// peer for the liveness checks and the timeout's message.
+Task run_box(OpContext& ctx, Args a, CollKind kind) {
+  BoxCollective run(ctx, kind, a);
+  Request waiting;
+  waiting.tag = ctx.tag();
+  waiting.bytes = run.message_bytes();
+  BoxWait w;
+  while (!run.step(&w)) {
+    waiting.peer = run.waiting_peer();
+    waiting.is_send = run.waiting_to_send();
+    co_await WaitUntil{WaitCond{w.word, w.target}, &waiting, false};
+  }
+  co_return run.status();
 }
 
 }  // namespace
 
-Task box_all_reduce(OpContext& ctx, Args a) {
-  const int n = ctx.nranks(), r = ctx.rank();
-  const size_t bytes = a.count * a.elem_size;
-  if (n == 1 || bytes == 0) {
-    copy_if_needed(a.out, a.in, bytes);
-    co_return Status();
-  }
-  for (int k = 1; k < n; ++k) CHORUS_BOX_SEND(mod(r + k, n), a.in, bytes);
-  co_return co_await fold_in_rank_order(ctx, a, a.in, a.out, a.count);
-}
-
+Task box_all_reduce(OpContext& ctx, Args a) { return run_box(ctx, a, CollKind::kAllReduce); }
 Task box_reduce_scatter(OpContext& ctx, Args a) {
-  const int n = ctx.nranks(), r = ctx.rank();
-  const size_t bytes = a.count * a.elem_size;  // one block
-  if (bytes == 0) co_return Status();
-  for (int k = 1; k < n; ++k) {
-    const int to = mod(r + k, n);
-    CHORUS_BOX_SEND(to, a.in + to * bytes, bytes);
-  }
-  co_return co_await fold_in_rank_order(ctx, a, a.in + r * bytes, a.out, a.count);
+  return run_box(ctx, a, CollKind::kReduceScatter);
 }
-
-Task box_reduce(OpContext& ctx, Args a) {
-  const int r = ctx.rank();
-  const size_t bytes = a.count * a.elem_size;
-  if (bytes == 0) co_return Status();
-  if (r != a.root) {
-    CHORUS_BOX_SEND(a.root, a.in, bytes);
-    co_return Status();
-  }
-  co_return co_await fold_in_rank_order(ctx, a, a.in, a.out, a.count);
-}
-
-Task box_all_gather(OpContext& ctx, Args a) {
-  const int n = ctx.nranks(), r = ctx.rank();
-  const size_t bytes = a.count * a.elem_size;  // one block
-  if (bytes == 0) co_return Status();
-  for (int k = 1; k < n; ++k) CHORUS_BOX_SEND(mod(r + k, n), a.in, bytes);
-  copy_if_needed(a.out + r * bytes, a.in, bytes);
-  co_return co_await receive_blocks(ctx, a.out, bytes);
-}
-
-Task box_alltoall(OpContext& ctx, Args a) {
-  const int n = ctx.nranks(), r = ctx.rank();
-  const size_t bytes = a.count * a.elem_size;  // one block
-  if (bytes == 0) co_return Status();
-  // Every block is in a box before any lands in out: in place needs no copy.
-  for (int k = 1; k < n; ++k) {
-    const int to = mod(r + k, n);
-    CHORUS_BOX_SEND(to, a.in + to * bytes, bytes);
-  }
-  copy_if_needed(a.out + r * bytes, a.in + r * bytes, bytes);
-  co_return co_await receive_blocks(ctx, a.out, bytes);
-}
-
-Task box_broadcast(OpContext& ctx, Args a) {
-  const int n = ctx.nranks(), r = ctx.rank();
-  const size_t bytes = a.count * a.elem_size;
-  if (bytes == 0) co_return Status();
-  if (r == a.root) {
-    for (int k = 1; k < n; ++k) CHORUS_BOX_SEND(mod(r + k, n), a.in, bytes);
-    copy_if_needed(a.out, a.in, bytes);
-    co_return Status();
-  }
-  co_return co_await receive_into(ctx, a.root, a.out, bytes);
-}
-
-Task box_gather(OpContext& ctx, Args a) {
-  const int r = ctx.rank();
-  const size_t bytes = a.count * a.elem_size;  // one block
-  if (bytes == 0) co_return Status();
-  if (r != a.root) {
-    CHORUS_BOX_SEND(a.root, a.in, bytes);
-    co_return Status();
-  }
-  copy_if_needed(a.out + r * bytes, a.in, bytes);
-  co_return co_await receive_blocks(ctx, a.out, bytes);
-}
-
-Task box_scatter(OpContext& ctx, Args a) {
-  const int n = ctx.nranks(), r = ctx.rank();
-  const size_t bytes = a.count * a.elem_size;  // one block
-  if (bytes == 0) co_return Status();
-  if (r == a.root) {
-    for (int k = 1; k < n; ++k) {
-      const int to = mod(r + k, n);
-      CHORUS_BOX_SEND(to, a.in + to * bytes, bytes);
-    }
-    copy_if_needed(a.out, a.in + r * bytes, bytes);
-    co_return Status();
-  }
-  co_return co_await receive_into(ctx, a.root, a.out, bytes);
-}
-
-#undef CHORUS_BOX_SEND
-#undef CHORUS_BOX_RECEIVE
+Task box_all_gather(OpContext& ctx, Args a) { return run_box(ctx, a, CollKind::kAllGather); }
+Task box_broadcast(OpContext& ctx, Args a) { return run_box(ctx, a, CollKind::kBroadcast); }
+Task box_reduce(OpContext& ctx, Args a) { return run_box(ctx, a, CollKind::kReduce); }
+Task box_alltoall(OpContext& ctx, Args a) { return run_box(ctx, a, CollKind::kAlltoAll); }
+Task box_gather(OpContext& ctx, Args a) { return run_box(ctx, a, CollKind::kGather); }
+Task box_scatter(OpContext& ctx, Args a) { return run_box(ctx, a, CollKind::kScatter); }
 
 }  // namespace chorus::algo

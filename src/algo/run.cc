@@ -187,15 +187,8 @@ Task run_collective(OpContext& ctx, CollCall call) {
   compress::Compressor* compressor = compressor_for(ctx, call, &transparent);
   if (compressor != nullptr && !compress_across_hosts(ctx.comm(), call))
     co_return co_await compress::run(ctx, call, *compressor);
-  Args a;
-  a.in = static_cast<const char*>(call.sendbuf);
-  a.out = static_cast<char*>(call.recvbuf);
-  a.count = call.count;
-  a.dtype = call.dtype;
-  a.elem_size = datatype_size(call.dtype);
-  a.root = call.root;
+  Args a = args_for(call);
   if (is_reduction(call.kind)) {
-    a.reduce = kernels::reduce_fn(call.dtype, kernel_op(call.op.kind));
     if (call.op.kind == RedOpKind::kPreMulSum && call.count > 0) {
       // Scale this rank's contribution once, aside, so the algorithm can read it anywhere.
       size_t n = send_elements(call, ctx.nranks());
@@ -236,6 +229,18 @@ Task run_collective(OpContext& ctx, CollCall call) {
 }
 
 }  // namespace
+
+Args args_for(const CollCall& call) {
+  Args a;
+  a.in = static_cast<const char*>(call.sendbuf);
+  a.out = static_cast<char*>(call.recvbuf);
+  a.count = call.count;
+  a.dtype = call.dtype;
+  a.elem_size = datatype_size(call.dtype);
+  a.root = call.root;
+  if (is_reduction(call.kind)) a.reduce = kernels::reduce_fn(call.dtype, kernel_op(call.op.kind));
+  return a;
+}
 
 Task run_op(Comm& comm, Op& op) {
   if (op.is_internal()) {

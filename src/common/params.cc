@@ -131,6 +131,10 @@ IntParam kChunkBytes("CHUNK_BYTES", nullptr, 512 << 10, 256, 1ll << 30,
 IntParam kBoxBytes("BOX_BYTES", nullptr, 4096, 0, 4096,
                    "largest message the small-message algorithms (one round through shared-memory "
                    "boxes, ranks of one host) carry; 0: never use them");
+IntParam kExpress("EXPRESS", nullptr, 1, 0, 1,
+                  "1: a blocking call that goes through the small-message boxes on an idle "
+                  "communicator runs from the caller's frame, without queueing an operation; "
+                  "0: as an operation, like every other call");
 
 StringParam kTuner("TUNER", nullptr, "MEASURE", "MEASURE,STATIC",
                    "MEASURE: calibrate the cost model of each communicator when it is created; "
@@ -171,7 +175,7 @@ const std::vector<Param*>& all() {
       &kPathChunkBytes, &kShmFifoBytes, &kShmCmaBytes,   &kShmMapBytes,   &kStreamCopyBytes, &kTcpBounceBytes,
       &kIbHca, &kIbAddrFamily, &kIbGidIndex, &kIbTimeout, &kIbRetryCnt, &kIbTc, &kIbSl, &kIbSlots, &kIbSlotBytes, &kIbRdvBytes, &kIbQpsPerConnection, &kTimeoutMs,   &kSpinUs,       &kLivenessMs, &kPeerTimeoutMs,
       &kFlightRecorderOps, &kCommBlocking,
-      &kAlgo,         &kChunkBytes,    &kBoxBytes,    &kTuner,        &kTunerFile,   &kKernels,
+      &kAlgo,         &kChunkBytes,    &kBoxBytes,    &kExpress,     &kTuner,        &kTunerFile,   &kKernels,
       &kRegCacheBytes, &kRing, &kRoute, &kCompress, &kCompressPolicy, &kCompressMinBytes, &kCompressBlock,
       &kCompressScale,
   };

@@ -137,6 +137,7 @@ extern IntParam kCommBlocking;
 extern StringParam kAlgo;
 extern IntParam kChunkBytes;
 extern IntParam kBoxBytes;
+extern IntParam kExpress;
 extern StringParam kTuner;
 extern StringParam kTunerFile;
 extern StringParam kRing;

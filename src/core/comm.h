@@ -174,6 +174,11 @@ class Comm : public std::enable_shared_from_this<Comm> {
   // through the queue (its mutex, a shared owner). The caller owns `op` and drives the comm
   // until op.done(). False when the comm is busy (then enqueue it); fails as enqueue() does.
   Result<bool> start_direct(Op& op);
+  // The express path of a blocking call (express.cc): when the tuner sends `call` through the
+  // small-message boxes and the comm is idle, runs it from the caller's frame, without an
+  // operation, and sets *result to how it ended. False when it cannot (then queue it or
+  // start_direct() it).
+  bool run_express(const CollCall& call, Status* result);
   // Runs the queue: starts, progresses and retires operations. The caller holds drive_mutex().
   // True if anything progressed.
   bool advance();

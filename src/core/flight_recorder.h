@@ -36,6 +36,17 @@ class FlightRecorder {
     fill(&e.what);
     return e.id;
   }
+  // queued() and started() at once, for an operation that runs as soon as it is called.
+  template <typename Fill>
+  uint64_t running(const Fill& fill) {
+    if (capacity_ == 0) return 0;
+    std::lock_guard<std::mutex> lock(mutex_);
+    Entry& e = next_entry();
+    fill(&e.what);
+    e.state = State::kRunning;
+    e.started_ns = e.queued_ns;
+    return e.id;
+  }
   void started(uint64_t id);
   void finished(uint64_t id, const Status& status);
   // What the operation is still waiting for ("rank 2 (host h, pid 7): receive 0 of 64 bytes").

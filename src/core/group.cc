@@ -191,6 +191,7 @@ Status group_simulate_end(float* estimated_us) {
 Status launch_one(const std::shared_ptr<Comm>& comm, const CollCall& call, Stream* stream) {
   Comm* c = comm.get();
   if (stream == nullptr && comm->config().blocking) {
+    if (Status express; c->run_express(call, &express)) return express;
     Op direct(c, std::vector<CollCall>{call}, false);
     CHORUS_ASSIGN_OR_RETURN(bool started, c->start_direct(direct));
     if (started) {

@@ -271,18 +271,21 @@ struct Outcome {
   std::string error;
 };
 
+// `blocking`: the calls block (no stream); small ones then take the express path on one host
+// (src/core/express.cc), which bounds its own waits.
 Outcome allreduce_until_failure(ncclComm_t comm, const ChildEnv& env, int max_iters,
-                                size_t count = kCount) {
+                                size_t count = kCount, bool blocking = false) {
   Outcome o;
   cudaStream_t stream = nullptr;
-  if (chorusStreamCreate(&stream) != ncclSuccess) return Outcome{ncclInternalError, 0, 0, "stream"};
+  if (!blocking && chorusStreamCreate(&stream) != ncclSuccess)
+    return Outcome{ncclInternalError, 0, 0, "stream"};
   std::vector<float> buf(count, 1.0f);
   for (o.iterations = 0; o.iterations < max_iters; o.iterations += 4) {
     if (o.iterations == 8) env.ready();
     ncclResult_t r = ncclSuccess;
     for (int k = 0; k < 4 && r == ncclSuccess; ++k)
       r = ncclAllReduce(buf.data(), buf.data(), count, ncclFloat, ncclMax, comm, stream);
-    if (r == ncclSuccess) r = chorusStreamSynchronize(stream);
+    if (r == ncclSuccess && !blocking) r = chorusStreamSynchronize(stream);
     if (r != ncclSuccess) {
       o.result = r;
       o.at_ms = mono_ms();
@@ -290,7 +293,7 @@ Outcome allreduce_until_failure(ncclComm_t comm, const ChildEnv& env, int max_it
       break;
     }
   }
-  chorusStreamDestroy(stream);
+  if (!blocking) chorusStreamDestroy(stream);
   return o;
 }
 
@@ -355,7 +358,7 @@ std::string place_on_rdma_host(int rank) {
 // `nranks` ranks AllReduce `count` floats in a loop; `victim` is killed in the middle; the
 // others must fail fast with ncclRemoteError, then shrink and go on.
 void kill_during_allreduce(const char* transport, std::vector<std::string> env_extra = {},
-                           int nranks = 4, size_t count = kCount) {
+                           int nranks = 4, size_t count = kCount, bool blocking = false) {
   const int victim = 2 % nranks;
   Children children;
   env_extra.push_back(fmt::format("CHORUS_TRANSPORT={}", transport));
@@ -365,7 +368,7 @@ void kill_during_allreduce(const char* transport, std::vector<std::string> env_e
         if (std::string e = place_on_rdma_host(env.rank); !e.empty()) return "init=failed msg=" + e;
         ncclComm_t comm = init(env.id, nranks, env.rank);
         if (comm == nullptr) return "init=failed msg=" + last_error();
-        Outcome o = allreduce_until_failure(comm, env, 1 << 30, count);
+        Outcome o = allreduce_until_failure(comm, env, 1 << 30, count, blocking);
         ncclResult_t async = ncclSuccess;
         ncclCommGetAsyncError(comm, &async);
         std::string report = fmt::format("result={} async={} at_ms={} iters={}",
@@ -428,6 +431,11 @@ TEST_CASE("SIGKILL during AllReduce over shared memory: survivors fail fast, shr
   kill_during_allreduce("SHM");
 }
 
+TEST_CASE("SIGKILL during small blocking AllReduces over shared memory (the express path): "
+          "survivors fail fast, shrink, go on", "[mp][fault][shm]") {
+  kill_during_allreduce("SHM", {}, 4, 16, /*blocking=*/true);
+}
+
 TEST_CASE("SIGKILL during AllReduce over TCP: survivors fail fast, shrink, go on",
           "[mp][fault][tcp]") {
   kill_during_allreduce("TCP");
@@ -466,55 +474,62 @@ TEST_CASE("SIGKILL during AllReduce over verbs: survivors fail fast, shrink, go 
 }
 
 TEST_CASE("a frozen peer (SIGSTOP) fails the others at the timeout, naming it", "[mp][fault]") {
-  const int nranks = 3, victim = 1;
-  const int timeout_ms = 1500;
-  Children children;
-  spawn(&children, nranks, {"CHORUS_TRANSPORT=SHM", fmt::format("CHORUS_TIMEOUT_MS={}", timeout_ms)},
-                        [&](const ChildEnv& env) -> std::string {
-                          ncclComm_t comm = init(env.id, nranks, env.rank);
-                          if (comm == nullptr) return "init=failed msg=" + last_error();
-                          Outcome o = allreduce_until_failure(comm, env, 1 << 30);
-                          char recorder[8192];
-                          chorusCommDumpFlightRecorder(comm, recorder, sizeof(recorder), nullptr);
-                          bool recorded = std::strstr(recorder, "FAILED AllReduce #") != nullptr;
-                          ncclCommAbort(comm);
-                          return fmt::format("result={} at_ms={} recorder={} msg={}",
-                                             static_cast<int>(o.result), o.at_ms,
-                                             recorded ? "ok" : "missing", o.error);
-                        });
-  REQUIRE(wait_ready(children[victim], 60000));
-  std::this_thread::sleep_for(std::chrono::milliseconds(30));
-  int64_t stopped_ms = mono_ms();
-  kill(children[victim].pid, SIGSTOP);
-  // Survivors report; then the frozen rank is killed (collect would kill it anyway).
-  std::vector<int> others;
-  for (int r = 0; r < nranks; ++r)
-    if (r != victim) others.push_back(r);
-  collect(&children, 60000, others);
-  kill(children[victim].pid, SIGKILL);
-  collect(&children, 10000, {victim});
-  bool named = false;
-  for (int r : others) {
-    const Child& c = children[r];
-    INFO(c.report);
-    auto kv = parse(c.report);
-    REQUIRE(kv.count("result"));
-    CHECK(kv["result"] == std::to_string(ncclRemoteError));
-    CHECK(kv["recorder"] == "ok");
-    int64_t delay = std::stoll(kv["at_ms"]) - stopped_ms;
-    CHECK(delay >= timeout_ms - 100);  // not before the timeout: the peer is alive, only frozen
-    CHECK(delay < timeout_ms + 5000);
-    const std::string& msg = kv["msg"];
-    if (msg.find("no progress") != std::string::npos) {
-      // "AllReduce #12 (...) on comm ... : rank 2: no progress for 1.5 s (...); waiting for
-      //  rank 1 (host h, pid P) to send its data (X of Y bytes done)"
-      CHECK(msg.find("AllReduce #") != std::string::npos);
-      CHECK(msg.find("bytes done") != std::string::npos);
-      named |= msg.find(fmt::format("rank {} (host ", victim)) != std::string::npos &&
-               msg.find(fmt::format("pid {}", children[victim].pid)) != std::string::npos;
+  // Large AllReduces on a stream (operations), then small blocking ones (the express path).
+  auto freeze = [](bool express) {
+    INFO((express ? "small blocking AllReduces" : "large AllReduces on a stream"));
+    const int nranks = 3, victim = 1;
+    const int timeout_ms = 1500;
+    Children children;
+    spawn(&children, nranks, {"CHORUS_TRANSPORT=SHM", fmt::format("CHORUS_TIMEOUT_MS={}", timeout_ms)},
+                          [&](const ChildEnv& env) -> std::string {
+                            ncclComm_t comm = init(env.id, nranks, env.rank);
+                            if (comm == nullptr) return "init=failed msg=" + last_error();
+                            Outcome o = express ? allreduce_until_failure(comm, env, 1 << 30, 16, true)
+                                                : allreduce_until_failure(comm, env, 1 << 30);
+                            char recorder[8192];
+                            chorusCommDumpFlightRecorder(comm, recorder, sizeof(recorder), nullptr);
+                            bool recorded = std::strstr(recorder, "FAILED AllReduce #") != nullptr;
+                            ncclCommAbort(comm);
+                            return fmt::format("result={} at_ms={} recorder={} msg={}",
+                                               static_cast<int>(o.result), o.at_ms,
+                                               recorded ? "ok" : "missing", o.error);
+                          });
+    REQUIRE(wait_ready(children[victim], 60000));
+    std::this_thread::sleep_for(std::chrono::milliseconds(30));
+    int64_t stopped_ms = mono_ms();
+    kill(children[victim].pid, SIGSTOP);
+    // Survivors report; then the frozen rank is killed (collect would kill it anyway).
+    std::vector<int> others;
+    for (int r = 0; r < nranks; ++r)
+      if (r != victim) others.push_back(r);
+    collect(&children, 60000, others);
+    kill(children[victim].pid, SIGKILL);
+    collect(&children, 10000, {victim});
+    bool named = false;
+    for (int r : others) {
+      const Child& c = children[r];
+      INFO(c.report);
+      auto kv = parse(c.report);
+      REQUIRE(kv.count("result"));
+      CHECK(kv["result"] == std::to_string(ncclRemoteError));
+      CHECK(kv["recorder"] == "ok");
+      int64_t delay = std::stoll(kv["at_ms"]) - stopped_ms;
+      CHECK(delay >= timeout_ms - 100);  // not before the timeout: the peer is alive, only frozen
+      CHECK(delay < timeout_ms + 5000);
+      const std::string& msg = kv["msg"];
+      if (msg.find("no progress") != std::string::npos) {
+        // "AllReduce #12 (...) on comm ... : rank 2: no progress for 1.5 s (...); waiting for
+        //  rank 1 (host h, pid P) to send its data (X of Y bytes done)"
+        CHECK(msg.find("AllReduce #") != std::string::npos);
+        CHECK(msg.find("bytes done") != std::string::npos);
+        named |= msg.find(fmt::format("rank {} (host ", victim)) != std::string::npos &&
+                 msg.find(fmt::format("pid {}", children[victim].pid)) != std::string::npos;
+      }
     }
-  }
-  CHECK(named);
+    CHECK(named);
+  };
+  freeze(false);
+  freeze(true);
 }
 
 TEST_CASE("ncclCommAbort from another thread ends a blocked collective and frees everything",

@@ -1,0 +1,139 @@
+// SPDX-License-Identifier: Apache-2.0
+// File: src/core/express.cc
+// The express path of a blocking call (Comm::run_express): a small collective that the tuner
+// sends through the small-message boxes runs from the caller's frame when the communicator is
+// idle: no operation object, queue, coroutine frame or std::function, one flight-recorder entry
+// written twice. The messages are those the box algorithm's fiber sends (algo::BoxCollective
+// is the one implementation of both), so ranks on either path meet. The waits are bounded as an
+// operation's are (core/comm.cc, check_stuck): abort, a same-host peer that exited, and
+// CHORUS_TIMEOUT_MS without progress, each naming the peer waited for.
+#include <fmt/format.h>
+
+#include <span>
+
+#include "algo/box.h"
+#include "common/clock.h"
+#include "common/params.h"
+#include "common/process.h"
+#include "compress/compressor.h"
+#include "core/comm.h"
+#include "core/engine.h"
+#include "kernels/reduce/reduce.h"
+
+namespace chorus {
+
+namespace {
+
+bool blocked(CollKind kind) {
+  return kind != CollKind::kAllReduce && kind != CollKind::kBroadcast &&
+         kind != CollKind::kReduce;
+}
+
+bool reduces(CollKind kind) {
+  return kind == CollKind::kAllReduce || kind == CollKind::kReduce ||
+         kind == CollKind::kReduceScatter;
+}
+
+}  // namespace
+
+bool Comm::run_express(const CollCall& in, Status* result) {
+  if (!boxes_ || in.compressor || in.op.kind == RedOpKind::kPreMulSum ||
+      params::kExpress.get() == 0)
+    return false;
+  const size_t bytes =
+      in.count * datatype_size(in.dtype) * (blocked(in.kind) ? static_cast<size_t>(nranks()) : 1);
+  // CHORUS_COMPRESS may take plain AllReduce and ReduceScatter calls from this size up.
+  if ((in.kind == CollKind::kAllReduce || in.kind == CollKind::kReduceScatter) &&
+      bytes >= compress::transparent_min_bytes())
+    return false;
+  std::unique_lock<std::mutex> drive(drive_mutex_, std::try_to_lock);
+  if (!drive.owns_lock() || current_ != nullptr ||
+      pending_ops_.load(std::memory_order_acquire) != 0)
+    return false;
+  if (choose(in.kind, bytes).algo != algo::Algo::kBox) return false;  // drive lock: its cache
+
+  // What admit() does for a queued operation.
+  if (aborting()) {
+    *result = invalid_usage("{} was aborted", describe());
+    return true;
+  }
+  if (failed_.load(std::memory_order_acquire)) {
+    std::lock_guard<std::mutex> lock(status_mutex_);
+    Status s = failure_;
+    *result = s.with_context(fmt::format("{} is unusable after an earlier failure", describe()));
+    return true;
+  }
+  MsgTag tag;
+  tag.coll = static_cast<uint8_t>(in.kind);
+  tag.dtype = static_cast<uint8_t>(in.dtype);
+  tag.redop = static_cast<uint8_t>(in.op.kind);
+  tag.count = in.count;
+  tag.root = in.root;
+  tag.seq = coll_seq_++;
+  const uint64_t record = recorder_.running([&](OpSummary* what) {
+    what->kind = OpSummary::Kind::kCollective;
+    what->ncalls = 1;
+    what->nsends = 0;
+    what->bytes = in.count * datatype_size(in.dtype);
+    what->calls[0] = {tag, tag.root, false};
+  });
+
+  OpContext ctx(*this, tag);
+  algo::BoxCollective run(ctx, in.kind, algo::args_for(in));
+  Status status;
+  BoxWait w;
+  Idler idler;
+  int64_t last_progress_ns = 0;
+  while (!run.step(&w)) {
+    // Wait for the word, bounded: spin, then sleep on the doorbell (the peer rings it).
+    last_progress_ns = now_coarse_ns();
+    idler.reset();
+    auto ready = [&] {
+      return static_cast<int32_t>(w.word->load(std::memory_order_acquire) - w.target) >= 0;
+    };
+    while (!ready()) {
+      const int waited = run.waiting_peer();
+      const int64_t now = now_coarse_ns();
+      auto waiting = [&] {
+        return fmt::format("; waiting for {} to {} (0 of {} bytes done)", peer(waited).describe(),
+                           run.waiting_to_send() ? "take our data" : "send its data",
+                           run.message_bytes());
+      };
+      if (aborting()) {
+        status = remote_error("{} was aborted during {}{}", describe(), describe_tag(tag),
+                              waiting());
+      } else if (now >= next_alive_check_ns_) {
+        next_alive_check_ns_ = now + params::kLivenessMs.get() * 1000000;
+        if (Status dead = peer_watch_.check_now(std::span<const int>(&waited, 1)); !dead.ok())
+          status = remote_error("rank {}: {}{}", rank(), dead.message(), waiting());
+      }
+      if (status.ok() && now - last_progress_ns >= params::kTimeoutMs.get() * 1000000) {
+        status = remote_error("rank {}: no progress for {:.1f} s (CHORUS_TIMEOUT_MS={}){}", rank(),
+                              static_cast<double>(now - last_progress_ns) / 1e9,
+                              params::kTimeoutMs.get(), waiting());
+      }
+      if (!status.ok()) break;
+      idler.idle([&] { return ready(); }, [](std::vector<pollfd>*) { return true; });
+    }
+    if (!status.ok()) break;
+  }
+  if (status.ok()) status = run.status();
+  if (status.ok() && in.op.kind == RedOpKind::kAvg && reduces(in.kind) && in.count > 0 &&
+      (in.kind != CollKind::kReduce || rank() == in.root)) {
+    kernels::divide_fn(in.dtype)(in.recvbuf, in.count, nranks());
+  }
+
+  // What finish_op() does.
+  if (!status.ok()) status.with_context(fmt::format("{} on {}", describe_tag(tag), describe()));
+  recorder_.finished(record, status);
+  if (!status.ok()) {
+    poison(status);
+    close_connections(status);
+  }
+  // Another thread may have queued an operation meanwhile and gone to sleep on the drive lock.
+  if (pending_ops_.load(std::memory_order_acquire) != 0) ProcessContext::get().ring_local();
+  *result = std::move(status);
+  return true;
+}
+
+}  // namespace chorus
