@@ -47,6 +47,12 @@ struct Args {
 // A call's buffers, count, element and root as an algorithm takes them, with the reduction's
 // kernel for a reduction (Avg and PreMulSum as Sum: the caller scales and divides).
 Args args_for(const CollCall& call);
+// Whether the collective's buffers hold a block per rank (ReduceScatter, AllGather, AlltoAll,
+// Gather, Scatter), and the bytes the tuner chooses by: all of a rank's blocks for those.
+bool blocked_call(CollKind kind);
+size_t choice_bytes(const CollCall& call, int nranks);
+// Avg, after its Sum: divides the result by nranks where this rank has one.
+void divide_average(const CollCall& call, int nranks, int rank);
 
 // AllReduce
 Task all_reduce_ring(OpContext& ctx, Args a);        // reduce-scatter + all-gather rings

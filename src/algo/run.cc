@@ -198,11 +198,8 @@ Task run_collective(OpContext& ctx, CollCall call) {
       a.in = static_cast<const char*>(scaled);
     }
   }
-  const int n = ctx.nranks();
-  bool blocked = call.kind != CollKind::kAllReduce && call.kind != CollKind::kBroadcast &&
-                 call.kind != CollKind::kReduce;
-  size_t bytes = call.count * a.elem_size * (blocked ? n : 1);
-  Choice choice = ctx.comm().choose(call.kind, bytes);
+  const bool blocked = blocked_call(call.kind);
+  Choice choice = ctx.comm().choose(call.kind, choice_bytes(call, ctx.nranks()));
   if (compressor != nullptr) {
     choice = Choice{Algo::kHierarchical, 1};
     a.compressor = compressor;
@@ -221,14 +218,27 @@ Task run_collective(OpContext& ctx, CollCall call) {
     status = co_await fn(ctx, a);
   }
   CHORUS_CO_RETURN_IF_ERROR(status);
-  if (call.op.kind == RedOpKind::kAvg && is_reduction(call.kind) && call.count > 0) {
-    bool has_result = call.kind != CollKind::kReduce || ctx.rank() == call.root;
-    if (has_result) kernels::divide_fn(call.dtype)(a.out, call.count, n);
-  }
+  divide_average(call, ctx.nranks(), ctx.rank());
   co_return Status();
 }
 
 }  // namespace
+
+bool blocked_call(CollKind kind) {
+  return kind != CollKind::kAllReduce && kind != CollKind::kBroadcast &&
+         kind != CollKind::kReduce;
+}
+
+size_t choice_bytes(const CollCall& call, int nranks) {
+  return call.count * datatype_size(call.dtype) *
+         (blocked_call(call.kind) ? static_cast<size_t>(nranks) : 1);
+}
+
+void divide_average(const CollCall& call, int nranks, int rank) {
+  if (call.op.kind != RedOpKind::kAvg || !is_reduction(call.kind) || call.count == 0) return;
+  if (call.kind == CollKind::kReduce && rank != call.root) return;  // no result here
+  kernels::divide_fn(call.dtype)(call.recvbuf, call.count, nranks);
+}
 
 Args args_for(const CollCall& call) {
   Args a;

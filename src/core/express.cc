@@ -18,30 +18,14 @@
 #include "compress/compressor.h"
 #include "core/comm.h"
 #include "core/engine.h"
-#include "kernels/reduce/reduce.h"
 
 namespace chorus {
-
-namespace {
-
-bool blocked(CollKind kind) {
-  return kind != CollKind::kAllReduce && kind != CollKind::kBroadcast &&
-         kind != CollKind::kReduce;
-}
-
-bool reduces(CollKind kind) {
-  return kind == CollKind::kAllReduce || kind == CollKind::kReduce ||
-         kind == CollKind::kReduceScatter;
-}
-
-}  // namespace
 
 bool Comm::run_express(const CollCall& in, Status* result) {
   if (!boxes_ || in.compressor || in.op.kind == RedOpKind::kPreMulSum ||
       params::kExpress.get() == 0)
     return false;
-  const size_t bytes =
-      in.count * datatype_size(in.dtype) * (blocked(in.kind) ? static_cast<size_t>(nranks()) : 1);
+  const size_t bytes = algo::choice_bytes(in, nranks());
   // CHORUS_COMPRESS may take plain AllReduce and ReduceScatter calls from this size up.
   if ((in.kind == CollKind::kAllReduce || in.kind == CollKind::kReduceScatter) &&
       bytes >= compress::transparent_min_bytes())
@@ -118,10 +102,7 @@ bool Comm::run_express(const CollCall& in, Status* result) {
     if (!status.ok()) break;
   }
   if (status.ok()) status = run.status();
-  if (status.ok() && in.op.kind == RedOpKind::kAvg && reduces(in.kind) && in.count > 0 &&
-      (in.kind != CollKind::kReduce || rank() == in.root)) {
-    kernels::divide_fn(in.dtype)(in.recvbuf, in.count, nranks());
-  }
+  if (status.ok()) algo::divide_average(in, nranks(), rank());
 
   // What finish_op() does.
   if (!status.ok()) status.with_context(fmt::format("{} on {}", describe_tag(tag), describe()));

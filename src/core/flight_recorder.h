@@ -30,22 +30,12 @@ class FlightRecorder {
   // do nothing.
   template <typename Fill>
   uint64_t queued(const Fill& fill) {
-    if (capacity_ == 0) return 0;
-    std::lock_guard<std::mutex> lock(mutex_);
-    Entry& e = next_entry();
-    fill(&e.what);
-    return e.id;
+    return record(fill, State::kQueued);
   }
   // queued() and started() at once, for an operation that runs as soon as it is called.
   template <typename Fill>
   uint64_t running(const Fill& fill) {
-    if (capacity_ == 0) return 0;
-    std::lock_guard<std::mutex> lock(mutex_);
-    Entry& e = next_entry();
-    fill(&e.what);
-    e.state = State::kRunning;
-    e.started_ns = e.queued_ns;
-    return e.id;
+    return record(fill, State::kRunning);
   }
   void started(uint64_t id);
   void finished(uint64_t id, const Status& status);
@@ -66,6 +56,16 @@ class FlightRecorder {
     std::string detail;
     std::string failure;  // why it failed, if it did
   };
+  template <typename Fill>
+  uint64_t record(const Fill& fill, State state) {
+    if (capacity_ == 0) return 0;
+    std::lock_guard<std::mutex> lock(mutex_);
+    Entry& e = next_entry();
+    fill(&e.what);
+    e.state = state;
+    if (state == State::kRunning) e.started_ns = e.queued_ns;
+    return e.id;
+  }
   Entry* find(uint64_t id);
   Entry& next_entry();  // the slot of a new entry, reset (mutex_ held)
 
