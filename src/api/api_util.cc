@@ -3,6 +3,7 @@
 
 #include <fmt/format.h>
 
+#include <atomic>
 #include <climits>
 #include <cstring>
 #include <shared_mutex>
@@ -28,6 +29,18 @@ namespace {
 thread_local std::string t_last_error;
 
 std::shared_mutex g_comms_mutex;
+// Bumped (under g_comms_mutex) by every registration and removal.
+std::atomic<uint64_t> g_comms_generation{0};
+// The last handle this thread looked up, valid while the generation is unchanged: a thread
+// calling one communicator over and over takes neither the lock nor the map lookup. It may
+// hold a destroyed comm's memory (never its resources: destroy shuts the comm down) until the
+// thread's next lookup or exit; the destroying thread drops its own at once.
+struct LastComm {
+  ncclComm_t handle = nullptr;
+  uint64_t generation = 0;
+  std::shared_ptr<Comm> comm;
+};
+thread_local LastComm t_last_comm;
 std::unordered_map<const void*, std::shared_ptr<Comm>>& comms() {
   static auto* map = new std::unordered_map<const void*, std::shared_ptr<Comm>>();
   return *map;
@@ -50,23 +63,44 @@ ncclComm_t register_comm(std::shared_ptr<Comm> comm) {
   auto* handle = reinterpret_cast<ncclComm_t>(comm.get());
   std::unique_lock<std::shared_mutex> lock(g_comms_mutex);
   comms()[handle] = std::move(comm);
+  g_comms_generation.fetch_add(1, std::memory_order_release);
   return handle;
 }
 
 void unregister_comm(ncclComm_t handle) {
-  std::unique_lock<std::shared_mutex> lock(g_comms_mutex);
-  comms().erase(handle);
+  std::shared_ptr<Comm> gone;  // released after the lock, like the thread's cached reference
+  {
+    std::unique_lock<std::shared_mutex> lock(g_comms_mutex);
+    auto it = comms().find(handle);
+    if (it == comms().end()) return;
+    gone = std::move(it->second);
+    comms().erase(it);
+    g_comms_generation.fetch_add(1, std::memory_order_release);
+  }
+  if (t_last_comm.handle == handle) t_last_comm = LastComm{};
 }
 
 Result<std::shared_ptr<Comm>> find_comm(ncclComm_t handle) {
   if (handle == nullptr) return invalid_argument("comm is NULL");
-  std::shared_lock<std::shared_mutex> lock(g_comms_mutex);
-  auto it = comms().find(handle);
-  if (it == comms().end()) {
+  // The registry has not changed since this thread looked this handle up: the same comm.
+  const uint64_t generation = g_comms_generation.load(std::memory_order_acquire);
+  if (t_last_comm.handle == handle && t_last_comm.generation == generation)
+    return t_last_comm.comm;
+  LastComm found;
+  {
+    std::shared_lock<std::shared_mutex> lock(g_comms_mutex);
+    auto it = comms().find(handle);
+    // Read under the lock: a registration after it bumps the generation again.
+    if (it != comms().end())
+      found = LastComm{handle, g_comms_generation.load(std::memory_order_relaxed), it->second};
+  }
+  // Replaced outside the lock: the reference dropped may be a destroyed comm's last.
+  t_last_comm = std::move(found);
+  if (t_last_comm.comm == nullptr) {
     return invalid_argument("comm {} is not a live communicator (destroyed, aborted or never "
                             "created)", static_cast<const void*>(handle));
   }
-  return it->second;
+  return t_last_comm.comm;
 }
 
 Result<std::shared_ptr<Comm>> usable_comm(ncclComm_t handle) {

@@ -19,7 +19,6 @@ namespace chorus {
 namespace {
 constexpr int kMaxSleepMs = 100;  // a sleeper re-checks deadlines and abort at least this often
 
-inline void cpu_relax() { __builtin_ia32_pause(); }
 }  // namespace
 
 void Idler::idle(const std::function<bool()>& retry,

@@ -21,6 +21,9 @@
 
 namespace chorus {
 
+// One pause of a spin-wait loop.
+inline void cpu_relax() { __builtin_ia32_pause(); }
+
 // Spin, then sleep: what a driving thread does after a pass that moved nothing.
 class Idler {
  public:

@@ -2,8 +2,8 @@
 // File: src/core/express.cc
 // The express path of a blocking call (Comm::run_express): a small collective that the tuner
 // sends through the small-message boxes runs from the caller's frame when the communicator is
-// idle: no operation object, queue, coroutine frame or std::function, one flight-recorder entry
-// written twice. The messages are those the box algorithm's fiber sends (algo::BoxCollective
+// idle: no operation object, queue, coroutine frame or std::function, and one flight-recorder
+// entry, written when the call ends (and first when a wait lasts). The messages are those the box algorithm's fiber sends (algo::BoxCollective
 // is the one implementation of both), so ranks on either path meet. The waits are bounded as an
 // operation's are (core/comm.cc, check_stuck): abort, a same-host peer that exited, and
 // CHORUS_TIMEOUT_MS without progress, each naming the peer waited for.
@@ -20,6 +20,10 @@
 #include "core/engine.h"
 
 namespace chorus {
+namespace {
+// Polls of the awaited word before the bounded wait: about a microsecond of pause instructions.
+constexpr int kQuickPolls = 64;
+}  // namespace
 
 bool Comm::run_express(const CollCall& in, Status* result) {
   if (!boxes_ || in.compressor || in.op.kind == RedOpKind::kPreMulSum ||
@@ -54,13 +58,18 @@ bool Comm::run_express(const CollCall& in, Status* result) {
   tag.count = in.count;
   tag.root = in.root;
   tag.seq = coll_seq_++;
-  const uint64_t record = recorder_.running([&](OpSummary* what) {
+  // The flight-recorder entry is written once, when the call ends, unless a wait lasts long
+  // enough to matter for a diagnosis (then the call shows as running while it waits).
+  auto summarize = [&](OpSummary* what) {
     what->kind = OpSummary::Kind::kCollective;
     what->ncalls = 1;
     what->nsends = 0;
     what->bytes = in.count * datatype_size(in.dtype);
     what->calls[0] = {tag, tag.root, false};
-  });
+  };
+  constexpr int64_t kRecordWaitsFromNs = 1000000;
+  bool recorded = false;
+  uint64_t record = 0;
 
   OpContext ctx(*this, tag);
   algo::BoxCollective run(ctx, in.kind, algo::args_for(in));
@@ -68,13 +77,20 @@ bool Comm::run_express(const CollCall& in, Status* result) {
   BoxWait w;
   Idler idler;
   int64_t last_progress_ns = 0;
+  // A peer on its own core usually answers within a cache-line transfer or two: poll for that
+  // long before the bounded wait (and its clock reads) begins. With more ranks than cores the
+  // peer may need this core: straight to the wait, which yields.
+  const int quick_polls = ProcessContext::get().oversubscribed() ? 0 : kQuickPolls;
   while (!run.step(&w)) {
-    // Wait for the word, bounded: spin, then sleep on the doorbell (the peer rings it).
-    last_progress_ns = now_coarse_ns();
-    idler.reset();
     auto ready = [&] {
       return static_cast<int32_t>(w.word->load(std::memory_order_acquire) - w.target) >= 0;
     };
+    bool arrived = false;
+    for (int i = 0; i < quick_polls && !(arrived = ready()); ++i) cpu_relax();
+    if (arrived) continue;
+    // Wait for the word, bounded: spin, then sleep on the doorbell (the peer rings it).
+    last_progress_ns = now_coarse_ns();
+    idler.reset();
     while (!ready()) {
       const int waited = run.waiting_peer();
       const int64_t now = now_coarse_ns();
@@ -97,16 +113,24 @@ bool Comm::run_express(const CollCall& in, Status* result) {
                               params::kTimeoutMs.get(), waiting());
       }
       if (!status.ok()) break;
+      if (!recorded && now - last_progress_ns >= kRecordWaitsFromNs) {
+        record = recorder_.running(summarize);
+        recorded = true;
+      }
       idler.idle([&] { return ready(); }, [](std::vector<pollfd>*) { return true; });
     }
     if (!status.ok()) break;
   }
-  if (status.ok()) status = run.status();
+  if (status.ok() && !run.status().ok()) status = run.status();
   if (status.ok()) algo::divide_average(in, nranks(), rank());
 
   // What finish_op() does.
   if (!status.ok()) status.with_context(fmt::format("{} on {}", describe_tag(tag), describe()));
-  recorder_.finished(record, status);
+  if (recorded) {
+    recorder_.finished(record, status);
+  } else {
+    recorder_.completed(summarize, status);
+  }
   if (!status.ok()) {
     poison(status);
     close_connections(status);

@@ -39,9 +39,8 @@ void FlightRecorder::finished(uint64_t id, const Status& status) {
   const int64_t now = now_coarse_ns();
   std::lock_guard<std::mutex> lock(mutex_);
   if (Entry* e = find(id)) {
-    e->state = status.ok() ? State::kDone : State::kFailed;
     e->ended_ns = now;
-    e->failure = status.ok() ? std::string() : status.to_string();
+    end(e, status);
   }
 }
 

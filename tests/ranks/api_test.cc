@@ -369,6 +369,35 @@ TEST_CASE("finalize, revoke, then destroy", "[ranks][api]") {
   REQUIRE(ncclCommDestroy(comms[1]) == ncclSuccess);
 }
 
+// A small blocking call on an idle comm runs from the caller's frame (src/core/express.cc) and is
+// recorded once it ends; one that waits for a late peer shows as running while it waits.
+TEST_CASE("a small blocking call waiting for a late peer is in the flight recorder",
+          "[ranks][api][flight]") {
+  RankGroup group(2);
+  REQUIRE(group.init_error().empty());
+  std::string seen;
+  std::string failures = group.run([&](int rank, ncclComm_t comm) -> std::string {
+    float x = static_cast<float>(rank) + 0.5f;
+    if (rank == 1) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      char text[8192];
+      if (chorusCommDumpFlightRecorder(group.comm(0), text, sizeof(text), nullptr) != ncclSuccess)
+        return "dump failed";
+      seen = text;
+    }
+    if (ncclAllReduce(&x, &x, 1, ncclFloat, ncclSum, comm, nullptr) != ncclSuccess)
+      return std::string("allreduce: ") + ncclGetLastError(comm);
+    return x == 2.0f ? "" : "wrong sum " + std::to_string(x);
+  });
+  REQUIRE(failures.empty());
+  INFO(seen);
+  CHECK(seen.find("running AllReduce #0 (count 1, float, sum), 4 bytes") != std::string::npos);
+  char text[8192];
+  REQUIRE(chorusCommDumpFlightRecorder(group.comm(0), text, sizeof(text), nullptr) == ncclSuccess);
+  INFO(text);
+  CHECK(std::string(text).find("done AllReduce #0 (count 1, float, sum)") != std::string::npos);
+}
+
 TEST_CASE("ncclGroupSimulateEnd estimates without running", "[ranks][api]") {
   RankGroup g(1);
   std::vector<float> v(1 << 20, 1.0f);

@@ -7,6 +7,7 @@
 
 #include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "support/coll_check.h"
@@ -153,6 +154,20 @@ TEST_CASE("a destroyed communicator is rejected", "[ranks][bad-input]") {
   int n = 0;
   REQUIRE_ERROR(ncclCommCount(comm, &n), ncclInvalidArgument, "not a live communicator");
   REQUIRE_ERROR(ncclCommDestroy(comm), ncclInvalidArgument, "not a live communicator");
+}
+
+// Each thread remembers the last handle it looked up (src/api/api_util.cc): a comm that another
+// thread destroyed must not come back from that memory, nor must its successor at that address.
+TEST_CASE("a communicator destroyed by another thread is rejected here too", "[ranks][bad-input]") {
+  ncclComm_t comm;
+  REQUIRE(ncclCommInitAll(&comm, 1, nullptr) == ncclSuccess);
+  float x = 1;
+  REQUIRE(ncclAllReduce(&x, &x, 1, ncclFloat, ncclSum, comm, nullptr) == ncclSuccess);
+  std::thread([&] { CHECK(ncclCommDestroy(comm) == ncclSuccess); }).join();
+  REQUIRE_ERROR(ncclAllReduce(&x, &x, 1, ncclFloat, ncclSum, comm, nullptr), ncclInvalidArgument,
+                "not a live communicator");
+  int n = 0;
+  REQUIRE_ERROR(ncclCommCount(comm, &n), ncclInvalidArgument, "not a live communicator");
 }
 
 TEST_CASE("unbalanced group calls are rejected", "[ranks][bad-input]") {

@@ -80,11 +80,30 @@ TEST_CASE("flight recorder describes send/receive groups with their peers", "[fl
   CHECK(recorder.dump("comm Y").find("; pending for rank 3") != std::string::npos);
 }
 
+TEST_CASE("flight recorder takes a call that ran and ended in one entry", "[flight]") {
+  FlightRecorder recorder(2);
+  recorder.completed([](OpSummary* s) { *s = allreduce(5, 2); }, Status());
+  recorder.completed([](OpSummary* s) { *s = allreduce(6, 2); },
+                     Status(Code::kRemoteError, "rank 1 went away"));
+  const std::string dump = recorder.dump("comm W");
+  INFO(dump);
+  CHECK(dump.find("done AllReduce #5 (count 2, float, sum), 8 bytes: took 0 ms") !=
+        std::string::npos);
+  CHECK(dump.find("FAILED AllReduce #6 (count 2, float, sum), 8 bytes: took 0 ms") !=
+        std::string::npos);
+  CHECK(dump.find("rank 1 went away") != std::string::npos);
+  // Reusing the slot of a failed entry leaves no stale failure behind.
+  recorder.completed([](OpSummary* s) { *s = allreduce(7, 2); }, Status());
+  recorder.completed([](OpSummary* s) { *s = allreduce(8, 2); }, Status());
+  CHECK(recorder.dump("comm W").find("went away") == std::string::npos);
+}
+
 TEST_CASE("flight recorder with no capacity records nothing", "[flight]") {
   FlightRecorder recorder(0);
   CHECK(recorder.queued([](OpSummary* s) { *s = allreduce(0, 1); }) == 0);
   recorder.started(0);
   recorder.finished(0, Status());
+  recorder.completed([](OpSummary* s) { *s = allreduce(1, 1); }, Status());
   CHECK(recorder.dump("comm Z").find("0 operation(s)") != std::string::npos);
 }
 
