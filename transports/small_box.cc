@@ -14,7 +14,8 @@ static_assert(SmallBox::region_bytes() % 64 == 0);
 void SmallBox::init(void* region) {
   auto* base = static_cast<std::byte*>(region);
   new (base) Control();
-  for (uint32_t i = 0; i < kSlots; ++i) new (base + sizeof(Control) + i * kSlotStride) SlotHeader();
+  auto* headers = reinterpret_cast<SlotHeader*>(base + sizeof(Control));
+  for (uint32_t i = 0; i < kSlots; ++i) new (headers + i) SlotHeader();
 }
 
 SmallBox::SmallBox(void* outgoing, void* incoming, DoorbellWord* peer_doorbell, int self, int peer)
@@ -71,7 +72,7 @@ Status SmallBox::send(const MsgTag& tag, const void* data, size_t bytes) {
   } else if (bytes <= kInlineBytes) {
     std::memcpy(s->inline_payload, data, bytes);
   } else {
-    std::memcpy(reinterpret_cast<std::byte*>(s) + sizeof(SlotHeader), data, bytes);
+    std::memcpy(payload(out_, sent_), data, bytes);
   }
   s->bytes = static_cast<uint32_t>(bytes);
   s->tag = tag;
@@ -98,11 +99,8 @@ Result<const void*> SmallBox::receive(const MsgTag& tag, size_t bytes) {
     return invalid_usage("rank {} sent {} ({} bytes) but rank {} expects {} ({} bytes) from it",
                          peer_, describe_tag(s->tag), s->bytes, self_, describe_tag(tag), bytes);
   }
-  const void* payload = bytes <= kInlineBytes
-                            ? static_cast<const void*>(s->inline_payload)
-                            : static_cast<const void*>(reinterpret_cast<std::byte*>(s) +
-                                                       sizeof(SlotHeader));
-  return payload;
+  if (bytes <= kInlineBytes) return static_cast<const void*>(s->inline_payload);
+  return static_cast<const void*>(payload(in_, received_));
 }
 
 void SmallBox::release() {

@@ -66,9 +66,12 @@ class SmallBox {
     MsgTag tag;
     unsigned char inline_payload[kInlineBytes];
   };
-  static constexpr size_t kSlotStride = sizeof(SlotHeader) + kMaxBytes;
-  // Bytes of one box in shared memory (a multiple of 64).
-  static constexpr size_t region_bytes() { return sizeof(Control) + kSlots * kSlotStride; }
+  // Bytes of one box in shared memory (a multiple of 64): the control block, the kSlots slot
+  // headers back to back (a consumer reading them in turn walks consecutive cache lines), then
+  // the slots' payload areas for messages too long to travel inline.
+  static constexpr size_t region_bytes() {
+    return sizeof(Control) + kSlots * (sizeof(SlotHeader) + kMaxBytes);
+  }
   // Prepares a zeroed region for use (its owner, before peers map it).
   static void init(void* region);
 
@@ -105,8 +108,10 @@ class SmallBox {
  private:
   static constexpr uint32_t kClosedMarker = 0xffffffffu;
   SlotHeader* slot(std::byte* box, uint32_t ordinal) const {
-    return reinterpret_cast<SlotHeader*>(box + sizeof(Control) +
-                                         (ordinal % kSlots) * kSlotStride);
+    return reinterpret_cast<SlotHeader*>(box + sizeof(Control)) + ordinal % kSlots;
+  }
+  std::byte* payload(std::byte* box, uint32_t ordinal) const {
+    return box + sizeof(Control) + kSlots * sizeof(SlotHeader) + (ordinal % kSlots) * kMaxBytes;
   }
   Control* control(std::byte* box) const { return reinterpret_cast<Control*>(box); }
   bool slot_free(uint32_t consumed) const {
