@@ -6,7 +6,10 @@
 # and their ratio. Also the software cost of a call on one rank (Chorus alone: no peer, so
 # nothing but the library's own path).
 #
-#   bench/compare/latency.sh [-B BUILD] [-n RANKS] [-t shm|tcp] [-s BYTES] [-r REPS] [-i ITERS]
+#   bench/compare/latency.sh [-B BUILD] [-n RANKS] [-t shm|tcp] [-s BYTES] [-r REPS] [-i ITERS] [-T]
+#
+# -T adds a column: Open MPI initialised with MPI_THREAD_MULTIPLE, thread-safe as a Chorus (or
+# NCCL) communicator always is.
 #
 # Chorus: chorus-run -n RANKS -x CHORUS_TRANSPORT=SHM|TCP <coll>_perf -b S -e S -n ITERS -w 1000 -z 1
 # Open MPI: mpirun --mca pml ob1 --mca btl self,vader|tcp chorus_mpi_coll_bench (same sizes).
@@ -15,8 +18,8 @@
 # (the default) and Open MPI (scripts/install-deps.sh --bench); without mpirun only Chorus runs.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-build=build ranks=2 transport=shm size=8 reps=3 iters=20000
-while getopts "B:n:t:s:r:i:h" o; do
+build=build ranks=2 transport=shm size=8 reps=3 iters=20000 multiple=0
+while getopts "B:n:t:s:r:i:Th" o; do
   case $o in
     B) build=$OPTARG ;;
     n) ranks=$OPTARG ;;
@@ -24,7 +27,8 @@ while getopts "B:n:t:s:r:i:h" o; do
     s) size=$OPTARG ;;
     r) reps=$OPTARG ;;
     i) iters=$OPTARG ;;
-    *) sed -n '3,14p' "$0"; exit 2 ;;
+    T) multiple=1 ;;
+    *) sed -n '3,17p' "$0"; exit 2 ;;
   esac
 done
 case $transport in
@@ -48,29 +52,42 @@ chorus_time() {  # ranks coll
   "$run" -n "$1" -x CHORUS_TRANSPORT=$chorus_tr "$build/bench/coll/${2}_perf" -b "$size" \
     -e "$size" -n "$iters" -w 1000 -z 1 2>&1 | row_time
 }
-mpi_time() {  # coll
+mpi_time() {  # coll [THREAD_MULTIPLE=1]
   local over=()
   [ "$ranks" -gt "$(nproc)" ] && over=(--oversubscribe)
-  mpirun -np "$ranks" --bind-to none "${over[@]}" --mca pml ob1 --mca btl "self,$btl" \
+  mpirun -np "$ranks" --bind-to none "${over[@]}" -x "THREAD_MULTIPLE=${2:-0}" --mca pml ob1 --mca btl "self,$btl" \
     "$build/bench/peers/chorus_mpi_coll_bench" -b "$size" -e "$size" -n "$iters" -w 1000 \
     -o "$1" 2>&1 | row_time
 }
 median() { tr ' ' '\n' | { grep -v '^$' || true; } | sort -g | awk '{v[NR] = $1} END {print NR ? v[int((NR + 1) / 2)] : "-"}'; }
 
 echo "# $size B, $ranks ranks over $transport, time per call (us), median of $reps alternating runs of $iters calls"
-printf '| %-13s | %8s | %8s | %6s |\n' collective Chorus "Open MPI" ratio
-printf '|---------------|----------|----------|--------|\n'
+if [ $multiple = 1 ]; then
+  printf '| %-13s | %8s | %8s | %6s | %13s | %6s |\n' collective Chorus "Open MPI" ratio \
+    "OMPI multiple" ratio
+  printf '|---------------|----------|----------|--------|---------------|--------|\n'
+else
+  printf '| %-13s | %8s | %8s | %6s |\n' collective Chorus "Open MPI" ratio
+  printf '|---------------|----------|----------|--------|\n'
+fi
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN {if (b + 0 > 0 && a + 0 > 0) printf "%.2fx", a / b; else print "-"}'; }
 for i in "${!colls[@]}"; do
-  c=() m=()
+  c=() m=() t=()
   for _ in $(seq "$reps"); do
     c+=("$(chorus_time "$ranks" "${colls[$i]}")")
     [ $have_mpi = 1 ] && m+=("$(mpi_time "${mpi_names[$i]}")")
+    [ $have_mpi = 1 ] && [ $multiple = 1 ] && t+=("$(mpi_time "${mpi_names[$i]}" 1)")
   done
   cm=$(echo "${c[*]}" | median)
-  mm=-
+  mm=- tm=-
   [ $have_mpi = 1 ] && mm=$(echo "${m[*]}" | median)
-  ratio=$(awk -v a="$cm" -v b="$mm" 'BEGIN {if (b + 0 > 0 && a + 0 > 0) printf "%.2fx", a / b; else print "-"}')
-  printf '| %-13s | %8s | %8s | %6s |\n' "${titles[$i]}" "$cm" "$mm" "$ratio"
+  [ $have_mpi = 1 ] && [ $multiple = 1 ] && tm=$(echo "${t[*]}" | median)
+  if [ $multiple = 1 ]; then
+    printf '| %-13s | %8s | %8s | %6s | %13s | %6s |\n' "${titles[$i]}" "$cm" "$mm" \
+      "$(ratio "$cm" "$mm")" "$tm" "$(ratio "$cm" "$tm")"
+  else
+    printf '| %-13s | %8s | %8s | %6s |\n' "${titles[$i]}" "$cm" "$mm" "$(ratio "$cm" "$mm")"
+  fi
 done
 one=()
 for _ in $(seq "$reps"); do one+=("$(chorus_time 1 all_reduce)"); done

@@ -327,7 +327,20 @@ static int run_coll(const Ctx* x, const Options* o, int coll, Row* rows, int max
 }
 
 int main(int argc, char** argv) {
-  MPI_Init(&argc, &argv);
+  // MPI_THREAD_MULTIPLE (THREAD_MULTIPLE=1 in the environment): the library makes its calls
+  // thread-safe, as a Chorus or NCCL communicator's are, and pays for the locks.
+  const char* multiple = getenv("THREAD_MULTIPLE");
+  if (multiple != NULL && strcmp(multiple, "1") == 0) {
+    int provided = 0;
+    MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
+    if (provided != MPI_THREAD_MULTIPLE) {
+      fprintf(stderr, "chorus_mpi_coll_bench: MPI_THREAD_MULTIPLE not provided (%d)\n", provided);
+      MPI_Finalize();
+      return 2;
+    }
+  } else {
+    MPI_Init(&argc, &argv);
+  }
   Ctx x;
   MPI_Comm_rank(MPI_COMM_WORLD, &x.rank);
   MPI_Comm_size(MPI_COMM_WORLD, &x.nranks);
