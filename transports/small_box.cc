@@ -7,7 +7,7 @@
 
 namespace chorus {
 
-static_assert(sizeof(SmallBox::SlotHeader) == 64, "a slot's header is one cache line");
+static_assert(sizeof(SmallBox::SlotHeader) == 32, "two slot headers share a cache line");
 static_assert(sizeof(SmallBox::Control) == 128);
 static_assert(SmallBox::region_bytes() % 64 == 0);
 
@@ -16,6 +16,8 @@ void SmallBox::init(void* region) {
   new (base) Control();
   auto* headers = reinterpret_cast<SlotHeader*>(base + sizeof(Control));
   for (uint32_t i = 0; i < kSlots; ++i) new (headers + i) SlotHeader();
+  auto* areas = reinterpret_cast<PayloadArea*>(headers + kSlots);
+  for (uint32_t i = 0; i < kSlots; ++i) new (areas + i) PayloadArea();
 }
 
 SmallBox::SmallBox(void* outgoing, void* incoming, DoorbellWord* peer_doorbell, int self, int peer)
@@ -24,6 +26,23 @@ SmallBox::SmallBox(void* outgoing, void* incoming, DoorbellWord* peer_doorbell, 
       peer_doorbell_(peer_doorbell),
       self_(self),
       peer_(peer) {}
+
+uint64_t SmallBox::tag_digest(const MsgTag& tag) {
+  // The fields MsgTag::operator== compares, mixed (splitmix64's finaliser): equal tags give
+  // equal digests, different ones differ but for a 2^-64 chance.
+  auto mix = [](uint64_t h, uint64_t v) {
+    h ^= v + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
+    h ^= h >> 30;
+    h *= 0xbf58476d1ce4e5b9ull;
+    h ^= h >> 27;
+    h *= 0x94d049bb133111ebull;
+    return h ^ (h >> 31);
+  };
+  uint64_t h = mix(tag.seq, uint64_t{tag.coll} | uint64_t{tag.dtype} << 8 |
+                                uint64_t{tag.redop} << 16 |
+                                uint64_t{static_cast<uint32_t>(tag.root)} << 32);
+  return mix(h, tag.count);
+}
 
 Status SmallBox::closed_error(bool peer_produces) const {
   return remote_error("rank {} closed its small-message box {} rank {} (its communicator failed "
@@ -67,15 +86,17 @@ Status SmallBox::send(const MsgTag& tag, const void* data, size_t bytes) {
                             bytes);
   }
   SlotHeader* s = slot(out_, sent_);
+  PayloadArea* a = area(out_, sent_);
   if (bytes == 0) {
     // Nothing to copy (data may be null).
   } else if (bytes <= kInlineBytes) {
     std::memcpy(s->inline_payload, data, bytes);
   } else {
-    std::memcpy(payload(out_, sent_), data, bytes);
+    std::memcpy(a->payload, data, bytes);
   }
+  a->tag = tag;
   s->bytes = static_cast<uint32_t>(bytes);
-  s->tag = tag;
+  s->digest = tag_digest(tag);
   s->seq.store(++sent_, std::memory_order_release);
   ring_doorbell(peer_doorbell_);
   return Status();
@@ -95,12 +116,13 @@ Result<const void*> SmallBox::receive(const MsgTag& tag, size_t bytes) {
   SlotHeader* s = slot(in_, received_);
   if (s->seq.load(std::memory_order_acquire) != received_ + 1 || s->bytes == kClosedMarker)
     return closed_error(true);
-  if (s->tag != tag || s->bytes != bytes) {
+  PayloadArea* a = area(in_, received_);
+  if (s->digest != tag_digest(tag) || s->bytes != bytes) {
     return invalid_usage("rank {} sent {} ({} bytes) but rank {} expects {} ({} bytes) from it",
-                         peer_, describe_tag(s->tag), s->bytes, self_, describe_tag(tag), bytes);
+                         peer_, describe_tag(a->tag), s->bytes, self_, describe_tag(tag), bytes);
   }
   if (bytes <= kInlineBytes) return static_cast<const void*>(s->inline_payload);
-  return static_cast<const void*>(payload(in_, received_));
+  return static_cast<const void*>(a->payload);
 }
 
 void SmallBox::release() {

@@ -4,10 +4,12 @@
 // connection's ordered byte stream, for the latency-bound collectives (src/algo/box.cc).
 //
 // A box is a single-producer single-consumer ring of kSlots fixed slots in memory both ranks
-// map. A message is written whole into the next slot and published by one store of its
-// ordinal into the slot's first word; the consumer waits on that very word (a fiber's
-// WaitCond), so a message of up to kInlineBytes moves one cache line from producer to consumer
-// and nothing else: no head index, no chunk layer, no request queue. The consumer
+// map. A slot is a 32-byte header (two to a cache line, the headers back to back) and a
+// payload area. A message is written whole into the next slot and published by one store of
+// its ordinal into the header's first word; the consumer waits on that very word (a fiber's
+// WaitCond), so a message of up to kInlineBytes moves at most one cache line from producer to
+// consumer (half a line when the producer runs ahead) and nothing else: no head index, no
+// chunk layer, no request queue. The consumer
 // frees a slot by counting it consumed, in a line of its own that the producer reads only when
 // its cached count says the ring may be full (once per kSlots messages in the steady state).
 //
@@ -19,8 +21,9 @@
 // consumer waits on; the consumer pushes the consumed count far ahead) and its wait fails with
 // kRemoteError naming the peer, instead of lasting until CHORUS_TIMEOUT_MS.
 //
-// Messages carry the sender's MsgTag: a rank in a different collective gets kInvalidUsage, as
-// on the byte stream. Counters are 32-bit and compared with serial-number arithmetic (WaitCond
+// Messages carry the sender's MsgTag: the header a 64-bit digest of it, the payload area the tag
+// itself. A rank in a different collective (another digest) gets kInvalidUsage naming both
+// calls, as on the byte stream. Counters are 32-bit and compared with serial-number arithmetic (WaitCond
 // does too), so they may wrap.
 //
 // Not thread-safe: one thread at a time uses a box's side (the one driving its communicator).
@@ -47,7 +50,7 @@ class SmallBox {
  public:
   static constexpr uint32_t kSlots = 16;
   static constexpr size_t kMaxBytes = 4096;   // payload of one message
-  static constexpr size_t kInlineBytes = 32;  // travels in the slot's first line
+  static constexpr size_t kInlineBytes = 16;  // travels in the slot header
 
   // Wire layout, in the consumer's shared memory: a control block, then kSlots slots.
   struct Control {
@@ -63,14 +66,20 @@ class SmallBox {
     // Ordinal + 1 of the message in the slot (stored last, release); the consumer waits on it.
     std::atomic<uint32_t> seq{0};
     uint32_t bytes = 0;  // payload bytes, or kClosedMarker
-    MsgTag tag;
+    uint64_t digest = 0;  // tag_digest() of the message's tag (the tag itself: PayloadArea)
     unsigned char inline_payload[kInlineBytes];
+  };
+  // Per slot, read by the consumer only for a message too long to be inline, or to name the
+  // call of a message whose digest differs from the expected one.
+  struct alignas(64) PayloadArea {
+    MsgTag tag;
+    alignas(64) unsigned char payload[kMaxBytes];
   };
   // Bytes of one box in shared memory (a multiple of 64): the control block, the kSlots slot
   // headers back to back (a consumer reading them in turn walks consecutive cache lines), then
   // the slots' payload areas for messages too long to travel inline.
   static constexpr size_t region_bytes() {
-    return sizeof(Control) + kSlots * (sizeof(SlotHeader) + kMaxBytes);
+    return sizeof(Control) + kSlots * (sizeof(SlotHeader) + sizeof(PayloadArea));
   }
   // Prepares a zeroed region for use (its owner, before peers map it).
   static void init(void* region);
@@ -110,9 +119,11 @@ class SmallBox {
   SlotHeader* slot(std::byte* box, uint32_t ordinal) const {
     return reinterpret_cast<SlotHeader*>(box + sizeof(Control)) + ordinal % kSlots;
   }
-  std::byte* payload(std::byte* box, uint32_t ordinal) const {
-    return box + sizeof(Control) + kSlots * sizeof(SlotHeader) + (ordinal % kSlots) * kMaxBytes;
+  PayloadArea* area(std::byte* box, uint32_t ordinal) const {
+    return reinterpret_cast<PayloadArea*>(box + sizeof(Control) + kSlots * sizeof(SlotHeader)) +
+           ordinal % kSlots;
   }
+  static uint64_t tag_digest(const MsgTag& tag);
   Control* control(std::byte* box) const { return reinterpret_cast<Control*>(box); }
   bool slot_free(uint32_t consumed) const {
     return static_cast<int32_t>(consumed - (sent_ + 1 - kSlots)) >= 0;

@@ -142,12 +142,44 @@ TEST_CASE("box: a message of another collective or size is a usage error naming 
   Result<const void*> got = p.side[1]->receive(tag_of(6), sizeof(v));
   REQUIRE_FALSE(got.ok());
   CHECK(got.status().code() == Code::kInvalidUsage);
-  CHECK_THAT(got.status().message(), Catch::Contains("rank 0 sent") &&
-                                         Catch::Contains("rank 1 expects"));
+  // The slot carries a digest of the tag; the message names both calls in full.
+  CHECK_THAT(got.status().message(), Catch::Contains("rank 0 sent AllReduce #5 (count 2") &&
+                                         Catch::Contains("rank 1 expects AllReduce #6 (count 2"));
   got = p.side[1]->receive(tag_of(5), 4);
   REQUIRE_FALSE(got.ok());
   CHECK(got.status().code() == Code::kInvalidUsage);
   CHECK_THAT(got.status().message(), Catch::Contains("8 bytes") && Catch::Contains("4 bytes"));
+}
+
+TEST_CASE("box: a tag that differs in any field the byte stream compares is told apart",
+          "[unit][box]") {
+  const MsgTag sent = tag_of(9, 3);
+  std::vector<MsgTag> others(6, sent);
+  others[0].seq += 1;
+  others[1].coll = static_cast<uint8_t>(CollKind::kAllGather);
+  others[2].dtype += 1;
+  others[3].redop += 1;
+  others[4].root = 1;
+  others[5].count += 1ull << 40;
+  for (const MsgTag& expected : others) {
+    REQUIRE(expected != sent);
+    Pair p;
+    BoxWait w;
+    const float v[3] = {1, 2, 3};
+    REQUIRE(p.side[0]->can_send(&w));
+    REQUIRE(p.side[0]->send(sent, v, sizeof(v)).ok());
+    REQUIRE(p.side[1]->can_receive(&w));
+    Result<const void*> got = p.side[1]->receive(expected, sizeof(v));
+    REQUIRE_FALSE(got.ok());
+    CHECK(got.status().code() == Code::kInvalidUsage);
+    // The tag compared equal except for its chunk fields: still the same message.
+    MsgTag same = sent;
+    same.chunk_id = 77;
+    same.flags = 0;
+    got = p.side[1]->receive(same, sizeof(v));
+    REQUIRE(got.ok());
+    CHECK(std::memcmp(*got, v, sizeof(v)) == 0);
+  }
 }
 
 TEST_CASE("box: a side that closes wakes its peer, whose wait fails naming it", "[unit][box]") {

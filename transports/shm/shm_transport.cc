@@ -32,7 +32,8 @@ namespace {
 constexpr unsigned kMfdNoexecSeal = 0x0008U;
 
 constexpr uint64_t kSegmentMagic = 0x3147455348534843ull;  // "CHSHSEG1"
-constexpr uint32_t kSegmentVersion = 3;  // 2: FifoControl has three lines; 3: boxes
+constexpr uint32_t kSegmentVersion = 4;  // 2: FifoControl has three lines; 3: boxes;
+                                          // 4: 32-byte box slot headers
 constexpr size_t kHeaderBytes = 64;
 constexpr size_t kMinFifoBytes = 4 << 10;
 constexpr size_t kMaxFifoBytes = size_t{1} << 30;
