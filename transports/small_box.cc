@@ -16,8 +16,8 @@ void SmallBox::init(void* region) {
   new (base) Control();
   auto* headers = reinterpret_cast<SlotHeader*>(base + sizeof(Control));
   for (uint32_t i = 0; i < kSlots; ++i) new (headers + i) SlotHeader();
-  auto* areas = reinterpret_cast<PayloadArea*>(headers + kSlots);
-  for (uint32_t i = 0; i < kSlots; ++i) new (areas + i) PayloadArea();
+  auto* tags = reinterpret_cast<TagCopy*>(headers + kSlots);
+  for (uint32_t i = 0; i < kSlots; ++i) new (tags + i) TagCopy();
 }
 
 SmallBox::SmallBox(void* outgoing, void* incoming, DoorbellWord* peer_doorbell, int self, int peer)
@@ -49,11 +49,12 @@ Status SmallBox::closed_error(bool peer_produces) const {
                       "or was destroyed)", peer_, peer_produces ? "to" : "from", self_);
 }
 
-bool SmallBox::can_send(BoxWait* wait) {
-  if (slot_free(consumed_cached_) || peer_gone_) return true;
+bool SmallBox::can_send(BoxWait* wait, size_t bytes) {
+  const uint32_t window = bytes > kInlineBytes ? kPayloadSlots : kSlots;
+  if (slot_free(consumed_cached_, window) || peer_gone_) return true;
   Control* c = control(out_);
   consumed_cached_ = c->consumed.load(std::memory_order_acquire);
-  if (!slot_free(consumed_cached_)) {
+  if (!slot_free(consumed_cached_, window)) {
     // Ask to be rung when a slot frees, then look again (Dekker with release(): either it sees
     // our flag or we see its count).
     if (!waiting_raised_) {
@@ -62,8 +63,8 @@ bool SmallBox::can_send(BoxWait* wait) {
     }
     std::atomic_thread_fence(std::memory_order_seq_cst);
     consumed_cached_ = c->consumed.load(std::memory_order_acquire);
-    if (!slot_free(consumed_cached_)) {
-      *wait = BoxWait{&c->consumed, sent_ + 1 - kSlots};
+    if (!slot_free(consumed_cached_, window)) {
+      *wait = BoxWait{&c->consumed, sent_ + 1 - window};
       return false;
     }
   }
@@ -86,15 +87,14 @@ Status SmallBox::send(const MsgTag& tag, const void* data, size_t bytes) {
                             bytes);
   }
   SlotHeader* s = slot(out_, sent_);
-  PayloadArea* a = area(out_, sent_);
   if (bytes == 0) {
     // Nothing to copy (data may be null).
   } else if (bytes <= kInlineBytes) {
     std::memcpy(s->inline_payload, data, bytes);
   } else {
-    std::memcpy(a->payload, data, bytes);
+    std::memcpy(payload(out_, sent_), data, bytes);
   }
-  a->tag = tag;
+  tag_copy(out_, sent_)->tag = tag;
   s->bytes = static_cast<uint32_t>(bytes);
   s->digest = tag_digest(tag);
   s->seq.store(++sent_, std::memory_order_release);
@@ -116,13 +116,13 @@ Result<const void*> SmallBox::receive(const MsgTag& tag, size_t bytes) {
   SlotHeader* s = slot(in_, received_);
   if (s->seq.load(std::memory_order_acquire) != received_ + 1 || s->bytes == kClosedMarker)
     return closed_error(true);
-  PayloadArea* a = area(in_, received_);
   if (s->digest != tag_digest(tag) || s->bytes != bytes) {
     return invalid_usage("rank {} sent {} ({} bytes) but rank {} expects {} ({} bytes) from it",
-                         peer_, describe_tag(a->tag), s->bytes, self_, describe_tag(tag), bytes);
+                         peer_, describe_tag(tag_copy(in_, received_)->tag), s->bytes, self_,
+                         describe_tag(tag), bytes);
   }
   if (bytes <= kInlineBytes) return static_cast<const void*>(s->inline_payload);
-  return static_cast<const void*>(a->payload);
+  return static_cast<const void*>(payload(in_, received_));
 }
 
 void SmallBox::release() {

@@ -10,7 +10,8 @@
 // The tuner picks them (Shape::box_bytes) when every peer of a one-host communicator has a box
 // and every message of the call fits one (CHORUS_BOX_BYTES). Between a pair, each operation
 // sends at most one message each way, in issue order on both sides, so the box's ordinals match
-// the operations, and a rank can run ahead of a peer by at most SmallBox::kSlots operations.
+// the operations, and a rank can run ahead of a peer by at most SmallBox::kSlots operations
+// (SmallBox::kPayloadSlots with messages longer than SmallBox::kInlineBytes).
 //
 // Each collective is its sends (to every peer from r + 1 on, or to the root), then a copy of
 // this rank's own block, then its receives: a fold of every rank's term in rank order,
@@ -138,7 +139,7 @@ bool BoxCollective::step(BoxWait* wait) {
     }
     const int to = to_root_ ? a_.root : mod(r_ + k_ + 1, n_);
     SmallBox* box = box_to(to);
-    if (!box->can_send(wait)) {
+    if (!box->can_send(wait, bytes_)) {
       waiting_peer_ = ctx_.comm_rank(to);
       return false;
     }

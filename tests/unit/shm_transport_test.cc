@@ -448,7 +448,7 @@ TEST_CASE("shm: channel 0 has a small-message box to each peer, closed with its 
   SmallBox* out = g.get(2, 1)->small_box();
   SmallBox* in = g.get(1, 2)->small_box();
   BoxWait w;
-  REQUIRE(out->can_send(&w));
+  REQUIRE(out->can_send(&w, data.size()));
   REQUIRE(out->send(tag_for(1, data.size(), 2), data.data(), data.size()).ok());
   REQUIRE(in->can_receive(&w));
   Result<const void*> got = in->receive(tag_for(1, data.size(), 2), data.size());

@@ -57,7 +57,7 @@ TEST_CASE("box: messages of every size arrive in order, inline and not", "[unit]
     std::vector<unsigned char> data(bytes);
     for (auto& b : data) b = static_cast<unsigned char>(rng());
     BoxWait w;
-    REQUIRE(p.side[0]->can_send(&w));
+    REQUIRE(p.side[0]->can_send(&w, bytes));
     REQUIRE(p.side[0]->send(tag_of(i, bytes), data.data(), bytes).ok());
     REQUIRE(p.side[1]->can_receive(&w));
     Result<const void*> got = p.side[1]->receive(tag_of(i, bytes), bytes);
@@ -72,10 +72,10 @@ TEST_CASE("box: a full ring makes the producer wait until a slot is freed", "[un
   Pair p;
   BoxWait w;
   for (uint32_t i = 0; i < SmallBox::kSlots; ++i) {
-    REQUIRE(p.side[0]->can_send(&w));
+    REQUIRE(p.side[0]->can_send(&w, sizeof(uint32_t)));
     REQUIRE(p.side[0]->send(tag_of(i), &i, sizeof(i)).ok());
   }
-  REQUIRE_FALSE(p.side[0]->can_send(&w));
+  REQUIRE_FALSE(p.side[0]->can_send(&w, sizeof(uint32_t)));
   CHECK_FALSE(ready(w));
   // The consumer takes the first message: the wait is over, and the producer was asked for.
   REQUIRE(p.side[1]->can_receive(&w));
@@ -85,10 +85,10 @@ TEST_CASE("box: a full ring makes the producer wait until a slot is freed", "[un
   std::memcpy(&first, *got, sizeof(first));
   CHECK(first == 0);
   BoxWait send_wait;
-  REQUIRE_FALSE(p.side[0]->can_send(&send_wait));
+  REQUIRE_FALSE(p.side[0]->can_send(&send_wait, sizeof(uint32_t)));
   p.side[1]->release();
   CHECK(ready(send_wait));
-  CHECK(p.side[0]->can_send(&w));
+  CHECK(p.side[0]->can_send(&w, sizeof(uint32_t)));
   // Messages 1..kSlots-1 are still there, in order.
   for (uint32_t i = 1; i < SmallBox::kSlots; ++i) {
     REQUIRE(p.side[1]->can_receive(&w));
@@ -101,6 +101,51 @@ TEST_CASE("box: a full ring makes the producer wait until a slot is freed", "[un
   }
 }
 
+TEST_CASE("box: messages with a payload area wait for one of their own, inline ones do not",
+          "[unit][box]") {
+  Pair p;
+  BoxWait w;
+  std::vector<unsigned char> big(SmallBox::kInlineBytes + 1);
+  for (uint32_t i = 0; i < SmallBox::kPayloadSlots; ++i) {
+    big[0] = static_cast<unsigned char>(i);
+    REQUIRE(p.side[0]->can_send(&w, big.size()));
+    REQUIRE(p.side[0]->send(tag_of(i), big.data(), big.size()).ok());
+  }
+  REQUIRE_FALSE(p.side[0]->can_send(&w, big.size()));
+  CHECK_FALSE(ready(w));
+  // An inline message still has a slot.
+  const uint32_t small = 7;
+  REQUIRE(p.side[0]->can_send(&w, sizeof(small)));
+  REQUIRE(p.side[0]->send(tag_of(SmallBox::kPayloadSlots), &small, sizeof(small)).ok());
+  BoxWait big_wait;
+  REQUIRE_FALSE(p.side[0]->can_send(&big_wait, big.size()));
+  // Areas go by ordinal: the next message (ordinal kPayloadSlots + 1) takes message 1's area,
+  // free once messages 0 and 1 are read.
+  for (uint32_t i = 0; i < 2; ++i) {
+    CHECK_FALSE(ready(big_wait));
+    REQUIRE(p.side[1]->can_receive(&w));
+    Result<const void*> got = p.side[1]->receive(tag_of(i), big.size());
+    REQUIRE(got.ok());
+    CHECK(static_cast<const unsigned char*>(*got)[0] == i);
+    p.side[1]->release();
+  }
+  CHECK(ready(big_wait));
+  REQUIRE(p.side[0]->can_send(&w, big.size()));
+  big[0] = 99;
+  REQUIRE(p.side[0]->send(tag_of(SmallBox::kPayloadSlots + 1), big.data(), big.size()).ok());
+  // The rest arrive intact and in order, the last one in message 1's area.
+  for (uint32_t i = 2; i < SmallBox::kPayloadSlots + 2; ++i) {
+    const bool inline_one = i == SmallBox::kPayloadSlots;
+    const size_t bytes = inline_one ? sizeof(small) : big.size();
+    REQUIRE(p.side[1]->can_receive(&w));
+    Result<const void*> got = p.side[1]->receive(tag_of(i), bytes);
+    REQUIRE(got.ok());
+    const unsigned char want = inline_one ? 7 : i == SmallBox::kPayloadSlots + 1 ? 99 : i;
+    CHECK(static_cast<const unsigned char*>(*got)[0] == want);
+    p.side[1]->release();
+  }
+}
+
 TEST_CASE("box: the consumer waits on the slot's word until the message is there",
           "[unit][box]") {
   Pair p;
@@ -108,7 +153,7 @@ TEST_CASE("box: the consumer waits on the slot's word until the message is there
   REQUIRE_FALSE(p.side[1]->can_receive(&w));
   CHECK_FALSE(ready(w));
   const double x = 2.5;
-  REQUIRE(p.side[0]->can_send(&w));
+  REQUIRE(p.side[0]->can_send(&w, sizeof(uint32_t)));
   REQUIRE(p.side[0]->send(tag_of(0, 1), &x, sizeof(x)).ok());
   BoxWait recv_wait;
   REQUIRE(p.side[1]->can_receive(&recv_wait));
@@ -118,7 +163,7 @@ TEST_CASE("box: the consumer waits on the slot's word until the message is there
   REQUIRE_FALSE(p.side[1]->can_receive(&recv_wait));
   std::thread producer([&] {
     BoxWait pw;
-    while (!p.side[0]->can_send(&pw)) std::this_thread::yield();
+    while (!p.side[0]->can_send(&pw, sizeof(uint32_t))) std::this_thread::yield();
     REQUIRE(p.side[0]->send(tag_of(1, 1), &x, sizeof(x)).ok());
   });
   while (!ready(recv_wait)) std::this_thread::yield();
@@ -136,7 +181,7 @@ TEST_CASE("box: a message of another collective or size is a usage error naming 
   Pair p;
   BoxWait w;
   const float v[2] = {1, 2};
-  REQUIRE(p.side[0]->can_send(&w));
+  REQUIRE(p.side[0]->can_send(&w, sizeof(uint32_t)));
   REQUIRE(p.side[0]->send(tag_of(5), v, sizeof(v)).ok());
   REQUIRE(p.side[1]->can_receive(&w));
   Result<const void*> got = p.side[1]->receive(tag_of(6), sizeof(v));
@@ -166,7 +211,7 @@ TEST_CASE("box: a tag that differs in any field the byte stream compares is told
     Pair p;
     BoxWait w;
     const float v[3] = {1, 2, 3};
-    REQUIRE(p.side[0]->can_send(&w));
+    REQUIRE(p.side[0]->can_send(&w, sizeof(uint32_t)));
     REQUIRE(p.side[0]->send(sent, v, sizeof(v)).ok());
     REQUIRE(p.side[1]->can_receive(&w));
     Result<const void*> got = p.side[1]->receive(expected, sizeof(v));
@@ -199,7 +244,7 @@ TEST_CASE("box: a side that closes wakes its peer, whose wait fails naming it", 
     Pair p;
     BoxWait w;
     for (uint32_t i = 0; i < SmallBox::kSlots; ++i) {
-      REQUIRE(p.side[0]->can_send(&w));
+      REQUIRE(p.side[0]->can_send(&w, sizeof(uint32_t)));
       REQUIRE(p.side[0]->send(tag_of(i), &i, sizeof(i)).ok());
     }
     p.side[0]->close();
@@ -215,13 +260,13 @@ TEST_CASE("box: a side that closes wakes its peer, whose wait fails naming it", 
     Pair p;
     BoxWait w;
     for (uint32_t i = 0; i < SmallBox::kSlots; ++i) {
-      REQUIRE(p.side[0]->can_send(&w));
+      REQUIRE(p.side[0]->can_send(&w, sizeof(uint32_t)));
       REQUIRE(p.side[0]->send(tag_of(i), &i, sizeof(i)).ok());
     }
-    REQUIRE_FALSE(p.side[0]->can_send(&w));
+    REQUIRE_FALSE(p.side[0]->can_send(&w, sizeof(uint32_t)));
     p.side[1]->close();
     CHECK(ready(w));
-    REQUIRE(p.side[0]->can_send(&w));
+    REQUIRE(p.side[0]->can_send(&w, sizeof(uint32_t)));
     Status s = p.side[0]->send(tag_of(9), &w, 4);
     CHECK(s.code() == Code::kRemoteError);
     CHECK_THAT(s.message(), Catch::Contains("rank 1 closed"));
@@ -231,7 +276,7 @@ TEST_CASE("box: a side that closes wakes its peer, whose wait fails naming it", 
     BoxWait w;
     p.side[0]->close();
     p.side[0]->close();  // idempotent
-    REQUIRE(p.side[0]->can_send(&w));
+    REQUIRE(p.side[0]->can_send(&w, sizeof(uint32_t)));
     CHECK_FALSE(p.side[0]->send(tag_of(0), &w, 4).ok());
   }
 }

@@ -32,8 +32,9 @@ namespace {
 constexpr unsigned kMfdNoexecSeal = 0x0008U;
 
 constexpr uint64_t kSegmentMagic = 0x3147455348534843ull;  // "CHSHSEG1"
-constexpr uint32_t kSegmentVersion = 4;  // 2: FifoControl has three lines; 3: boxes;
-                                          // 4: 32-byte box slot headers
+// 2: FifoControl has three lines; 3: boxes; 4: 32-byte box slot headers; 5: 64 box slots,
+// 16 payload areas
+constexpr uint32_t kSegmentVersion = 5;
 constexpr size_t kHeaderBytes = 64;
 constexpr size_t kMinFifoBytes = 4 << 10;
 constexpr size_t kMaxFifoBytes = size_t{1} << 30;
