@@ -2,10 +2,11 @@
 // File: src/core/express.cc
 // The express path of a blocking call (Comm::run_express): a small collective that the tuner
 // sends through the small-message boxes runs from the caller's frame when the communicator is
-// idle: no operation object, queue, coroutine frame or std::function, and one flight-recorder
-// entry, written when the call ends (and first when a wait lasts). The messages are those the box algorithm's fiber sends (algo::BoxCollective
-// is the one implementation of both), so ranks on either path meet. The waits are bounded as an
-// operation's are (core/comm.cc, check_stuck): abort, a same-host peer that exited, and
+// idle: no operation object, queue or coroutine frame, and one flight-recorder entry, written
+// when the call ends (and first when a wait lasts a millisecond). The messages are those the
+// box algorithm's fiber sends (algo::BoxCollective is the one implementation of both), so
+// ranks on either path meet. A wait polls the awaited word briefly, then becomes the bounded
+// wait of an operation (core/comm.cc, check_stuck): abort, a same-host peer that exited, and
 // CHORUS_TIMEOUT_MS without progress, each naming the peer waited for.
 #include <fmt/format.h>
 
