@@ -9,9 +9,10 @@
 // its ordinal into the header's first word; the consumer waits on that very word (a fiber's
 // WaitCond), so a message of up to kInlineBytes moves at most one cache line from producer to
 // consumer (half a line when the producer runs ahead) and nothing else: no head index, no
-// chunk layer, no request queue. The consumer
-// frees a slot by counting it consumed, in a line of its own that the producer reads only when
-// its cached count says the ring may be full (once per kSlots messages in the steady state).
+// chunk layer, no request queue. Longer messages take a payload area, kPayloadSlots of them in
+// turn. The consumer frees a slot by counting it consumed, in a line of its own that the
+// producer reads only when its cached count says the ring may be full (once per kSlots
+// messages in the steady state).
 //
 // Wake-ups: the producer rings the consumer's process doorbell after each message (a sleeping
 // consumer wakes; ring_doorbell costs a fence and a load when nobody sleeps). A producer that
@@ -21,10 +22,10 @@
 // consumer waits on; the consumer pushes the consumed count far ahead) and its wait fails with
 // kRemoteError naming the peer, instead of lasting until CHORUS_TIMEOUT_MS.
 //
-// Messages carry the sender's MsgTag: the header a 64-bit digest of it, the payload area the tag
-// itself. A rank in a different collective (another digest) gets kInvalidUsage naming both
-// calls, as on the byte stream. Counters are 32-bit and compared with serial-number arithmetic (WaitCond
-// does too), so they may wrap.
+// Messages carry the sender's MsgTag: the header a 64-bit digest of it, a slot's tag copy the
+// tag itself. A rank in a different collective (another digest) gets kInvalidUsage naming
+// both calls, as on the byte stream. Counters are 32-bit and compared with serial-number
+// arithmetic (WaitCond does too), so they may wrap.
 //
 // Not thread-safe: one thread at a time uses a box's side (the one driving its communicator).
 #pragma once
@@ -53,9 +54,10 @@ class SmallBox {
   static constexpr uint32_t kSlots = 64;         // messages in flight
   static constexpr uint32_t kPayloadSlots = 16;  // of them, longer than kInlineBytes
   static constexpr size_t kMaxBytes = 4096;      // payload of one message
-  static constexpr size_t kInlineBytes = 16;  // travels in the slot header
+  static constexpr size_t kInlineBytes = 16;     // travels in the slot header
 
-  // Wire layout, in the consumer's shared memory: a control block, then kSlots slots.
+  // Wire layout, in the consumer's shared memory: a control block, kSlots slot headers, kSlots
+  // tag copies, kPayloadSlots payload areas (region_bytes()).
   struct Control {
     // Written by the consumer only: messages consumed (release, after reading them), and set
     // once when the consumer goes away.
@@ -78,8 +80,8 @@ class SmallBox {
     MsgTag tag;
   };
   // Bytes of one box in shared memory (a multiple of 64): the control block, the kSlots slot
-  // headers back to back (a consumer reading them in turn walks consecutive cache lines), then
-  // the slots' payload areas for messages too long to travel inline.
+  // headers back to back (a consumer reading them in turn walks consecutive cache lines), their
+  // tag copies, then the payload areas of messages too long to travel inline.
   static constexpr size_t region_bytes() {
     return sizeof(Control) + kSlots * (sizeof(SlotHeader) + sizeof(TagCopy)) +
            kPayloadSlots * kMaxBytes;
