@@ -55,21 +55,22 @@ chorus_time() {  # ranks coll
 mpi_time() {  # coll [THREAD_MULTIPLE=1]
   local over=()
   [ "$ranks" -gt "$(nproc)" ] && over=(--oversubscribe)
-  mpirun -np "$ranks" --bind-to none "${over[@]}" -x "THREAD_MULTIPLE=${2:-0}" --mca pml ob1 --mca btl "self,$btl" \
+  mpirun -np "$ranks" --bind-to none "${over[@]}" -x "THREAD_MULTIPLE=${2:-0}" \
+    --mca pml ob1 --mca btl "self,$btl" \
     "$build/bench/peers/chorus_mpi_coll_bench" -b "$size" -e "$size" -n "$iters" -w 1000 \
     -o "$1" 2>&1 | row_time
 }
 median() { tr ' ' '\n' | { grep -v '^$' || true; } | sort -g | awk '{v[NR] = $1} END {print NR ? v[int((NR + 1) / 2)] : "-"}'; }
 
 echo "# $size B, $ranks ranks over $transport, time per call (us), median of $reps alternating runs of $iters calls"
-if [ $multiple = 1 ]; then
-  printf '| %-13s | %8s | %8s | %6s | %13s | %6s |\n' collective Chorus "Open MPI" ratio \
-    "OMPI multiple" ratio
-  printf '|---------------|----------|----------|--------|---------------|--------|\n'
-else
-  printf '| %-13s | %8s | %8s | %6s |\n' collective Chorus "Open MPI" ratio
-  printf '|---------------|----------|----------|--------|\n'
-fi
+# A table row: the first four columns, and with -T the last two.
+row() {
+  printf '| %-13s | %8s | %8s | %6s |' "$1" "$2" "$3" "$4"
+  [ $multiple = 1 ] && printf ' %13s | %6s |' "$5" "$6"
+  echo
+}
+row collective Chorus "Open MPI" ratio "OMPI multiple" ratio
+row ------------- -------- -------- ------ ------------- ------ | tr ' ' -
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN {if (b + 0 > 0 && a + 0 > 0) printf "%.2fx", a / b; else print "-"}'; }
 for i in "${!colls[@]}"; do
   c=() m=() t=()
@@ -82,12 +83,7 @@ for i in "${!colls[@]}"; do
   mm=- tm=-
   [ $have_mpi = 1 ] && mm=$(echo "${m[*]}" | median)
   [ $have_mpi = 1 ] && [ $multiple = 1 ] && tm=$(echo "${t[*]}" | median)
-  if [ $multiple = 1 ]; then
-    printf '| %-13s | %8s | %8s | %6s | %13s | %6s |\n' "${titles[$i]}" "$cm" "$mm" \
-      "$(ratio "$cm" "$mm")" "$tm" "$(ratio "$cm" "$tm")"
-  else
-    printf '| %-13s | %8s | %8s | %6s |\n' "${titles[$i]}" "$cm" "$mm" "$(ratio "$cm" "$mm")"
-  fi
+  row "${titles[$i]}" "$cm" "$mm" "$(ratio "$cm" "$mm")" "$tm" "$(ratio "$cm" "$tm")"
 done
 one=()
 for _ in $(seq "$reps"); do one+=("$(chorus_time 1 all_reduce)"); done

@@ -4,8 +4,8 @@
 // small-message boxes of shared memory (transports/small_box.h), for the latency-bound calls of
 // ranks of one host. Each rank writes what each peer needs straight into that peer's box and
 // takes what it needs from its own boxes; a message is one slot write and, up to
-// SmallBox::kInlineBytes, at most one cache line moved. No chunk layer, no request queue, no copy into
-// a FIFO and out again.
+// SmallBox::kInlineBytes, at most one cache line moved. No chunk layer, no request queue, no
+// copy into a FIFO and out again.
 //
 // The tuner picks them (Shape::box_bytes) when every peer of a one-host communicator has a box
 // and every message of the call fits one (CHORUS_BOX_BYTES). Between a pair, each operation

@@ -41,12 +41,7 @@ class FlightRecorder {
   // that did not wait long): one entry, one lock, instead of running() and finished().
   template <typename Fill>
   void completed(const Fill& fill, const Status& status) {
-    if (capacity_ == 0) return;
-    std::lock_guard<std::mutex> lock(mutex_);
-    Entry& e = next_entry();
-    fill(&e.what);
-    e.started_ns = e.ended_ns = e.queued_ns;
-    end(&e, status);
+    record(fill, State::kRunning, &status);
   }
   void started(uint64_t id);
   void finished(uint64_t id, const Status& status);
@@ -67,14 +62,19 @@ class FlightRecorder {
     std::string detail;
     std::string failure;  // why it failed, if it did
   };
+  // A new entry in `state`; with `ended`, one that also ended now, that way.
   template <typename Fill>
-  uint64_t record(const Fill& fill, State state) {
+  uint64_t record(const Fill& fill, State state, const Status* ended = nullptr) {
     if (capacity_ == 0) return 0;
     std::lock_guard<std::mutex> lock(mutex_);
     Entry& e = next_entry();
     fill(&e.what);
     e.state = state;
     if (state == State::kRunning) e.started_ns = e.queued_ns;
+    if (ended != nullptr) {
+      e.ended_ns = e.queued_ns;
+      end(&e, *ended);
+    }
     return e.id;
   }
   Entry* find(uint64_t id);
