@@ -24,10 +24,16 @@
 #        hierarchical  CHORUS_ALGO=broadcast:hier: a chain through one rank per host (the
 #                      root's local index), then each host's ranks over shared memory
 #        auto          the tuner's choice
-#   4. tables: algbw of each (size / time, out of place), its fraction of the link's bound
+#   4. alltoall_perf three ways, the same placement:
+#        pairwise      CHORUS_ALGO=alltoall:pairwise: every rank to every rank, n-1 messages
+#        hierarchical  CHORUS_ALGO=alltoall:hier: the host's blocks gathered by local index over
+#                      shared memory, then one message per other host, rail-aligned
+#        auto          the tuner's choice
+#   5. tables: algbw of each (size / time, out of place), its fraction of the link's bound
 #      (AllReduce: algbw <= the link's rate between 2 hosts: each host must send S bytes and
-#      receive S; Broadcast: every other host must receive S) and of raw TCP's one-way rate,
-#      against the target (hierarchical AllReduce >= 90 % of the link at 64 MiB).
+#      receive S; Broadcast: every other host must receive S; AlltoAll: each host sends
+#      (H-1)/H of its 2 ranks' 2S, so algbw <= links x H / (2 (H-1))) and of raw TCP's one-way
+#      rate, against the target (hierarchical AllReduce >= 90 % of the link at 64 MiB).
 #
 #   hier_speed.sh [-B BUILD_DIR] [-b MIN] [-e MAX] [-f FACTOR] [-n ITERS] [-w WARMUP]
 #                 [--hosts H] [--rails R] [--rate RATE] [--mtu MTU] [--enforce]
@@ -77,8 +83,9 @@ build=$(cd "$build" && pwd)
 run=$build/tools/chorus-run
 perf=$build/bench/coll/all_reduce_perf
 bperf=$build/bench/coll/broadcast_perf
-testbed_require_built hier_speed.sh "chorus-run, all_reduce_perf and broadcast_perf" \
-  "$run" "$perf" "$bperf"
+aperf=$build/bench/coll/alltoall_perf
+testbed_require_built hier_speed.sh "chorus-run, all_reduce_perf, broadcast_perf and alltoall_perf" \
+  "$run" "$perf" "$bperf" "$aperf"
 testbed_start_session hs
 work=$(mktemp -d /tmp/chorus-hier-speed.XXXXXX)
 server_pid=
@@ -115,22 +122,27 @@ tcp_one=$(awk '$1 == "one_way" {print $2}' <<< "$tcp")
 tcp_both=$(awk '$1 == "both_ways" {print $2}' <<< "$tcp")
 echo "# raw TCP: one way $tcp_one GB/s, both ways at once $tcp_both GB/s per direction"
 
-# 2. all_reduce_perf five ways, 3. broadcast_perf four ways.
+# 2. all_reduce_perf five ways, 3. broadcast_perf four ways, 4. alltoall_perf three ways.
 n=$((2 * hosts))
 ifname=rail0
 if [ "$rails" -gt 1 ]; then ifname=rail; fi
 args=(-b "$min" -e "$max" -f "$factor" -n "$iters" -w "$warmup" -c 1 -d float -o sum)
-names=(flat_ring host_ring hierarchical auto fp8_across bc_chain bc_tree bc_hier bc_auto)
+names=(flat_ring host_ring hierarchical auto fp8_across bc_chain bc_tree bc_hier bc_auto
+       a2a_pairwise a2a_hier a2a_auto)
 envs=("CHORUS_RING=RANK CHORUS_ALGO=allreduce:ring" "CHORUS_ALGO=allreduce:ring"
       "CHORUS_ALGO=allreduce:hier" "" "CHORUS_COMPRESS=FP8_E4M3 CHORUS_COMPRESS_POLICY=ALWAYS"
-      "CHORUS_ALGO=broadcast:chain" "CHORUS_ALGO=broadcast:tree" "CHORUS_ALGO=broadcast:hier" "")
+      "CHORUS_ALGO=broadcast:chain" "CHORUS_ALGO=broadcast:tree" "CHORUS_ALGO=broadcast:hier" ""
+      "CHORUS_ALGO=alltoall:pairwise" "CHORUS_ALGO=alltoall:hier" "")
 status=0
 for i in "${!names[@]}"; do
   xs=(-x CHORUS_DEBUG=INFO -x CHORUS_DEBUG_SUBSYS=INIT)
   for kv in ${envs[$i]}; do xs+=(-x "$kv"); done
   bin=$perf
   run_args=("${args[@]}")
-  case ${names[$i]} in bc_*) bin=$bperf run_args+=(-a 3) ;; esac
+  case ${names[$i]} in
+    bc_*) bin=$bperf run_args+=(-a 3) ;;
+    a2a_*) bin=$aperf run_args=(-b "$min" -e "$max" -f "$factor" -n "$iters" -w "$warmup" -c 1 -d float -a 3) ;;
+  esac
   echo "# ${names[$i]}: testbed.sh launch -n $n --placement cyclic ${xs[*]} $(basename "$bin") ${run_args[*]}"
   if ! "$testbed" launch -n "$n" --placement cyclic --ifname "$ifname" --chorus-run "$run" "${xs[@]}" \
       "$bin" "${run_args[@]}" > "$work/${names[$i]}.txt" 2>&1; then
@@ -141,16 +153,20 @@ for i in "${!names[@]}"; do
 done
 echo "# load average after: $(cut -d' ' -f1-3 /proc/loadavg)"
 
-# 4. The tables (algbw from the out-of-place time column; in place in parentheses).
+# 5. The tables (algbw from the out-of-place time column; in place in parentheses).
 link_gbps=$(awk -v b="$(tc_rate_bytes "$rate")" -v r="$rails" 'BEGIN { printf "%.6f", b / 1e9 * r }')
 files=()
 for name in "${names[@]:0:5}"; do files+=("$work/$name.txt"); done
 bfiles=()
-for name in "${names[@]:5}"; do bfiles+=("$work/$name.txt"); done
+for name in "${names[@]:5:4}"; do bfiles+=("$work/$name.txt"); done
+afiles=()
+for name in "${names[@]:9}"; do afiles+=("$work/$name.txt"); done
 table() {  # COLLECTIVE LABELS FILES...
-  local coll=$1 labels=$2
+  local coll=$1 labels=$2 bound=$link_gbps
   shift 2
-  awk -v link="$link_gbps" -v tcp="$tcp_one" -v enforce="$enforce" -v hosts="$hosts" -v rails="$rails" \
+  # AlltoAll: each host sends (H-1)/H of its two ranks' data across.
+  [ "$coll" = AlltoAll ] && bound=$(awk -v l="$link_gbps" -v h="$hosts" 'BEGIN { printf "%.6f", l * h / (2 * (h - 1)) }')
+  awk -v link="$bound" -v tcp="$tcp_one" -v enforce="$enforce" -v hosts="$hosts" -v rails="$rails" \
       -v coll="$coll" -v labels="$labels" '
   BEGIN { split(labels, label, ",") }
   FNR == 1 { file++ }
@@ -165,8 +181,8 @@ table() {  # COLLECTIVE LABELS FILES...
     missed = 0
     for (i = 1; i <= n; i++) {
       s = sizes[i]
-      printf "\n%g MiB %s, %d hosts x 2 ranks, %d rail(s): links %.4f GB/s, raw TCP (one link) %s GB/s:\n", s / 1048576, coll, hosts, rails, link, tcp
-      printf "  %-24s %18s %12s %12s\n", "algorithm", "algbw GB/s", "of link", "of raw TCP"
+      printf "\n%g MiB %s, %d hosts x 2 ranks, %d rail(s): bound %.4f GB/s, raw TCP (one link) %s GB/s:\n", s / 1048576, coll, hosts, rails, link, tcp
+      printf "  %-24s %18s %12s %12s\n", "algorithm", "algbw GB/s", "of bound", "of raw TCP"
       for (f = 1; f <= file; f++) {
         a = oop[f, s]
         printf "  %-24s %8.4f (%.4f) %11.1f%% %11.1f%%\n", label[f], a, inp[f, s], 100 * a / link,
@@ -183,14 +199,15 @@ table() {  # COLLECTIVE LABELS FILES...
     exit (bad ? 2 : (missed && enforce ? 3 : 0))
   }' "$@"
 }
-for t in AllReduce Broadcast; do
+for t in AllReduce Broadcast AlltoAll; do
   rc=0
-  if [ "$t" = AllReduce ]; then
-    table AllReduce "flat ring (rank order),host-aware ring,hierarchical,auto (tuner),hier. + FP8 across" \
-      "${files[@]}" || rc=$?
-  else
-    table Broadcast "chain,tree,hierarchical,auto (tuner)" "${bfiles[@]}" || rc=$?
-  fi
+  case $t in
+    AllReduce)
+      table AllReduce "flat ring (rank order),host-aware ring,hierarchical,auto (tuner),hier. + FP8 across" \
+        "${files[@]}" || rc=$? ;;
+    Broadcast) table Broadcast "chain,tree,hierarchical,auto (tuner)" "${bfiles[@]}" || rc=$? ;;
+    AlltoAll) table AlltoAll "pairwise,hierarchical,auto (tuner)" "${afiles[@]}" || rc=$? ;;
+  esac
   if [ "$rc" = 2 ]; then status=1; fi
   if [ "$rc" = 3 ]; then echo "target missed (--enforce)"; status=1; fi
 done

@@ -88,6 +88,7 @@ Task reduce_hier(OpContext& ctx, Args a);            // within hosts, then acros
 // AlltoAll
 Task alltoall_pairwise(OpContext& ctx, Args a);
 Task alltoall_bruck(OpContext& ctx, Args a);         // log2(n) steps of packed blocks
+Task alltoall_hier(OpContext& ctx, Args a);          // within hosts, then one row per host across
 // Gather, Scatter, send/receive
 Task gather_direct(OpContext& ctx, Args a);
 Task scatter_direct(OpContext& ctx, Args a);

@@ -122,7 +122,10 @@ AlgoFn algorithm(CollKind coll, Algo algo) {
       if (algo == Algo::kTree) return reduce_tree;
       if (algo == Algo::kHierarchical) return reduce_hier;
       return reduce_chain;
-    case CollKind::kAlltoAll: return algo == Algo::kBruck ? alltoall_bruck : alltoall_pairwise;
+    case CollKind::kAlltoAll:
+      if (algo == Algo::kBruck) return alltoall_bruck;
+      if (algo == Algo::kHierarchical) return alltoall_hier;
+      return alltoall_pairwise;
     case CollKind::kGather: return gather_direct;
     case CollKind::kScatter: return scatter_direct;
     default: return nullptr;

@@ -122,7 +122,8 @@ const std::vector<Algo>& algorithms_for(CollKind coll) {
                                                Algo::kHierarchical, Algo::kBox};
   static const std::vector<Algo> kRooted = {Algo::kChain, Algo::kTree, Algo::kHierarchical,
                                             Algo::kBox};
-  static const std::vector<Algo> kAlltoAll = {Algo::kPairwise, Algo::kBruck, Algo::kBox};
+  static const std::vector<Algo> kAlltoAll = {Algo::kPairwise, Algo::kBruck, Algo::kHierarchical,
+                                              Algo::kBox};
   static const std::vector<Algo> kDirectOnly = {Algo::kDirect, Algo::kBox};
   switch (coll) {
     case CollKind::kAllReduce: return kAllReduce;
@@ -236,6 +237,8 @@ namespace {
 //                  input); across, a direct ReduceScatter of those
 //   AllGather:     across, a direct AllGather of each rank's block (S/L of the output); within,
 //                  the H blocks of every local peer
+//   AlltoAll:      within, H blocks to every local peer ((L-1)/L of S); across, one row of L
+//                  blocks to each other host ((H-1)/H of S, H-1 messages instead of n-L)
 double predict_hier_us(const CostModel& m, CollKind coll, size_t bytes, const Shape& shape) {
   if (shape.hosts < 2 || shape.local < 2) return 1e30;
   const CostModel local = within_host_model(m);
@@ -255,6 +258,10 @@ double predict_hier_us(const CostModel& m, CollKind coll, size_t bytes, const Sh
       return predict_us(local, Algo::kDirect, coll, bytes, host) +
              (shape.local - 1) * (shape.hosts - 1) * m.intra_alpha_us / 4 +
              predict_us(across, Algo::kDirect, coll, part, hosts);
+    case CollKind::kAlltoAll:
+      return predict_us(local, Algo::kPairwise, coll, bytes, host) +
+             (shape.local - 1) * (shape.hosts - 1) * m.intra_alpha_us / 4 +
+             predict_us(across, Algo::kPairwise, coll, bytes, hosts);
     case CollKind::kBroadcast:
     case CollKind::kReduce:
       return rooted_hier_us(m, coll, bytes, shape, hier_rooted_plan(m, coll, bytes, shape));

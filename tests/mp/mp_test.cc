@@ -124,12 +124,14 @@ TEST_CASE("multi-process matrix on 2 hosts x 2 ranks", "[mp][hosts]") {
 TEST_CASE("multi-process matrix, hierarchical algorithms forced, on 3 hosts x 2 ranks", "[mp][hosts]") {
   run_workers(6, "AUTO", "matrix",
               {"CHORUS_TEST_HOST_OF=0,1,2,2,1,0",
-               "CHORUS_ALGO=allreduce:hier,reducescatter:hier,allgather:hier,broadcast:hier,reduce:hier"});
+               "CHORUS_ALGO=allreduce:hier,reducescatter:hier,allgather:hier,broadcast:hier,reduce:hier,"
+               "alltoall:hier"});
 }
 TEST_CASE("multi-process matrix, hierarchical algorithms forced, on 2 hosts x 3 ranks", "[mp][hosts]") {
   run_workers(6, "AUTO", "matrix",
               {"CHORUS_TEST_HOST_OF=0,0,0,1,1,1",
-               "CHORUS_ALGO=allreduce:hier,reducescatter:hier,allgather:hier,broadcast:hier,reduce:hier"});
+               "CHORUS_ALGO=allreduce:hier,reducescatter:hier,allgather:hier,broadcast:hier,reduce:hier,"
+               "alltoall:hier"});
 }
 // The hierarchical Broadcast (broadcast_hier.cc) of random bytes from every root, in place and
 // not, every datatype; hosts interleaved in rank order; every rank checks its output and what

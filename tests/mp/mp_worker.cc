@@ -67,7 +67,8 @@ int run_matrix(ncclComm_t comm, int rank, int nranks, size_t max_count, bool str
     for (ncclDataType_t dtype : all_datatypes()) {
       for (int op = 0; op < (coll_reduces(coll) ? kNumTestOps : 1); ++op) {
         for (size_t count : counts) {
-          const bool both = coll == Coll::kAllGather || coll == Coll::kReduceScatter;
+          const bool both = coll == Coll::kAllGather || coll == Coll::kReduceScatter ||
+                            coll == Coll::kAlltoAll;
           for (int in_place = 0; in_place < (both ? 2 : 1); ++in_place) {
             Case c;
             c.coll = coll;

@@ -85,6 +85,31 @@ TEST_CASE("64 hosts x 8 ranks: hierarchical at large sizes, a bandwidth algorith
         predict_us(m, Algo::kRing, CollKind::kAllReduce, 64, shape));
 }
 
+// AlltoAll carries the same bytes across hosts either way; the hierarchical one sends H - 1
+// messages across per rank instead of n - L, at the price of a pass over shared memory.
+TEST_CASE("hierarchical AlltoAll: chosen where messages across hosts cost, never on one host",
+          "[tuner]") {
+  const CostModel m = ethernet();
+  const Shape big{512, 64, 8};
+  // 16 KiB per rank (32-byte blocks): a host sends 128 KiB across, 1 ms at 1 Gbit/s, while
+  // the flat one's 510 messages after the first, at a quarter alpha each, cost 3.2 ms; the
+  // hierarchical one sends 62 across and 7 x 64 within at 1 us.
+  const double hier = predict_us(m, Algo::kHierarchical, CollKind::kAlltoAll, 16 << 10, big);
+  const double flat = predict_us(m, Algo::kPairwise, CollKind::kAlltoAll, 16 << 10, big);
+  CHECK(hier < flat / 2);
+  CHECK(choose(m, CollKind::kAlltoAll, 16 << 10, big, 1).algo == Algo::kHierarchical);
+  // Very large blocks: both are bound by the host's link; the extra pass costs more than the
+  // messages it saves.
+  CHECK(choose(m, CollKind::kAlltoAll, 1024 * kMiB, Shape{4, 2, 2}, 1).algo == Algo::kPairwise);
+  for (int n : {2, 4, 8}) {
+    CHECK(predict_us(m, Algo::kHierarchical, CollKind::kAlltoAll, kMiB, Shape::flat(n)) >= 1e29);
+    CHECK(choose(m, CollKind::kAlltoAll, kMiB, Shape::flat(n), 1).algo != Algo::kHierarchical);
+  }
+  CHECK(choose(m, CollKind::kAlltoAll, kMiB, Shape{3, 2, 0}, 1).algo != Algo::kHierarchical);
+  chorus::test::ScopedEnv forced("CHORUS_ALGO", "alltoall:hier");
+  CHECK(choose(m, CollKind::kAlltoAll, kMiB, Shape{4, 2, 2}, 1).algo == Algo::kHierarchical);
+}
+
 TEST_CASE("hierarchical Broadcast: chosen across hosts of equal size, pipelined in pieces",
           "[tuner]") {
   const CostModel m = ethernet();
