@@ -139,10 +139,11 @@ const std::vector<Algo>& algorithms_for(CollKind coll) {
 std::string CostModel::to_string() const {
   std::string boxes = box_bytes > 0 ? fmt::format(", small-message boxes up to {} bytes", box_bytes)
                                     : std::string();
+  std::string rail_count = rails > 1 ? fmt::format(", {} rails", rails) : std::string();
   return fmt::format("alpha {:.2f} us, beta {:.2f} GB/s, gamma {:.2f} GB/s, codec {:.2f} GB/s, "
-                     "within a host alpha {:.2f} us, beta {:.2f} GB/s{} ({})",
+                     "within a host alpha {:.2f} us, beta {:.2f} GB/s{}{} ({})",
                      alpha_us, beta_gbps, gamma_gbps, codec_gbps, intra_alpha_us,
-                     intra_beta_gbps, boxes, source);
+                     intra_beta_gbps, rail_count, boxes, source);
 }
 
 double host_link_share(const Shape& shape) {

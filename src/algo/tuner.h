@@ -67,6 +67,9 @@ struct CostModel {
   // The largest message the small-message algorithms may carry (Shape::box_bytes), agreed by
   // every rank: the least of their CHORUS_BOX_BYTES, 0 when some rank lacks a box to a peer.
   size_t box_bytes = 0;
+  // Links a host's inter-host traffic may spread over (Shape::rails): 1 unless a topology file
+  // (CHORUS_TOPO_FILE) says more.
+  int rails = 1;
   std::string to_string() const;
 };
 

@@ -3,6 +3,8 @@
 // Measuring a communicator's cost model when it is created (tuner.h): every rank measures its
 // reduction kernel; the first pair of ranks joined by the communicator's slowest transport
 // ping-pongs to measure alpha and beta; the results are shared so that every rank agrees.
+// A topology file (CHORUS_TOPO_FILE) that describes the communicator, or a tuner file
+// (CHORUS_TUNER_FILE), gives the link figures instead of the ping-pong.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -22,10 +24,64 @@
 #include "core/group.h"
 #include "core/internal_ops.h"
 #include "kernels/compress/block_codec.h"
+#include "topo/cluster.h"
 
 namespace chorus::algo {
 
 namespace {
+
+// CHORUS_TOPO_FILE as this rank read it: every rank reports what it got (and a digest of the
+// text), so that all of them accept the file, or all fail, alike.
+struct TopoFile {
+  enum State : uint8_t { kNone = 0, kParsed = 1, kBad = 2 };
+  State state = kNone;
+  uint64_t digest = 0;
+  std::optional<topo::Cluster> cluster;
+  Status error;
+};
+
+TopoFile read_topo_file() {
+  TopoFile t;
+  const std::string& path = params::kTopoFile.get();
+  if (path.empty()) return t;
+  std::ifstream in(path);
+  std::ostringstream text;
+  if (in) text << in.rdbuf();
+  if (!in || in.bad()) {
+    t.state = TopoFile::kBad;
+    t.error = invalid_argument("CHORUS_TOPO_FILE: cannot read {}: {}", path, std::strerror(errno));
+    return t;
+  }
+  auto cluster = topo::parse_cluster(text.str(), path);
+  if (!cluster.ok()) {
+    t.state = TopoFile::kBad;
+    t.error = invalid_argument("CHORUS_TOPO_FILE: {}", cluster.status().message());
+    return t;
+  }
+  t.state = TopoFile::kParsed;
+  t.cluster = std::move(*cluster);
+  t.digest = 1469598103934665603ull;  // FNV-1a of the text
+  for (unsigned char c : text.str()) t.digest = (t.digest ^ c) * 1099511628211ull;
+  return t;
+}
+
+// The link figures of a topology file that describes `comm`: its slowest rail across hosts
+// and its intra-host link (on one host, the intra-host link is all there is), its rails. The
+// kernels' figures stay measured: the file describes links, not processors.
+void adopt_topology(const Comm& comm, const topo::Cluster& cluster, CostModel* model) {
+  const CostModel file = model_of(cluster);
+  model->intra_alpha_us = file.intra_alpha_us;
+  model->intra_beta_gbps = file.intra_beta_gbps;
+  if (comm.hosts().size() > 1) {
+    model->alpha_us = file.alpha_us;
+    model->beta_gbps = file.beta_gbps;
+    model->rails = static_cast<int>(cluster.rails().size());
+  } else {
+    model->alpha_us = file.intra_alpha_us;
+    model->beta_gbps = file.intra_beta_gbps;
+  }
+  model->source = "topology file " + params::kTopoFile.get();
+}
 
 constexpr int kSmallRounds = 16;
 constexpr size_t kLargeBytes = 1 << 20;
@@ -162,7 +218,12 @@ Result<TunerFile> read_tuner_file(const std::string& path) {
 
 Result<CostModel> calibrate(Comm& comm) {
   CostModel model;
-  if (comm.nranks() == 1) return model;
+  if (comm.nranks() == 1) {
+    // No links to describe; a file that cannot be used is still an error.
+    TopoFile topo_file = read_topo_file();
+    if (topo_file.state == TopoFile::kBad) return topo_file.error;
+    return model;
+  }
   // Each rank: its most expensive transport (declared cost at 1 MiB), the first peer it
   // reaches over it, its kernel speed. The model is measured on the worst link of all.
   auto cost = [](const TransportDesc* d) { return d->cost.time_us(1 << 20); };
@@ -192,6 +253,9 @@ Result<CostModel> calibrate(Comm& comm) {
   w.put<double>(local_codec_gbps());
   w.put_string(local ? local->name : "");
   w.put<uint32_t>(comm.has_boxes() ? static_cast<uint32_t>(params::kBoxBytes.get()) : 0);
+  TopoFile topo_file = read_topo_file();
+  w.put<uint8_t>(topo_file.state);
+  w.put<uint64_t>(topo_file.digest);
   std::vector<int> all(comm.nranks());
   for (int r = 0; r < comm.nranks(); ++r) all[r] = r;
   CHORUS_ASSIGN_OR_RETURN(auto records, allgather_records(comm, all, w.take()));
@@ -202,6 +266,8 @@ Result<CostModel> calibrate(Comm& comm) {
   model.gamma_gbps = 1e9;
   model.codec_gbps = 1e9;
   model.box_bytes = SIZE_MAX;
+  std::vector<uint8_t> topo_state(comm.nranks());
+  std::vector<uint64_t> topo_digest(comm.nranks());
   for (int r = 0; r < comm.nranks(); ++r) {
     ByteReader rd(records[r]);
     std::string name;
@@ -216,6 +282,8 @@ Result<CostModel> calibrate(Comm& comm) {
     uint32_t box_bytes = 0;
     CHORUS_RETURN_IF_ERROR(rd.get(&box_bytes));
     model.box_bytes = std::min<size_t>(model.box_bytes, box_bytes);
+    CHORUS_RETURN_IF_ERROR(rd.get(&topo_state[r]));
+    CHORUS_RETURN_IF_ERROR(rd.get(&topo_digest[r]));
     if (!intra_name.empty()) {
       const TransportDesc* d = find_transport(intra_name);
       if (d == nullptr)
@@ -231,6 +299,37 @@ Result<CostModel> calibrate(Comm& comm) {
       slowest_name = d->name;
       a = r;
       b = peer;
+    }
+  }
+  // A topology file: every rank was given the same one, or none fails alike.
+  if (topo_file.state == TopoFile::kBad) return topo_file.error;
+  auto topo_name = [&](int r) {
+    return topo_state[r] == TopoFile::kNone ? std::string("none")
+                                            : fmt::format("text digest {:016x}", topo_digest[r]);
+  };
+  for (int r = 0; r < comm.nranks(); ++r) {
+    if (topo_state[r] == TopoFile::kBad)
+      return invalid_usage("rank {} cannot use its CHORUS_TOPO_FILE (its error says why)", r);
+    if (topo_state[r] != topo_state[0] || topo_digest[r] != topo_digest[0]) {
+      return invalid_usage("ranks 0 and {} were given different topology files "
+                           "(CHORUS_TOPO_FILE: {} against {}): every rank needs the same one",
+                           r, topo_name(0), topo_name(r));
+    }
+  }
+  if (topo_file.cluster) {
+    std::string mismatch = topo::placement_mismatch(*topo_file.cluster, comm.hosts());
+    if (mismatch.empty()) {
+      adopt_topology(comm, *topo_file.cluster, &model);
+      return model;
+    }
+    // Every rank finds the same: rank 0 says it (a subset's communicator, from ncclCommSplit,
+    // is a common reason, so the others only log it).
+    if (comm.rank() == 0) {
+      CHORUS_WARN(kColl, "CHORUS_TOPO_FILE {} does not describe {}: {}; measuring instead",
+                  params::kTopoFile.get(), comm.describe(), mismatch);
+    } else {
+      CHORUS_INFO(kColl, "CHORUS_TOPO_FILE {} does not describe {}: {}; measuring instead",
+                  params::kTopoFile.get(), comm.describe(), mismatch);
     }
   }
   // A tuner file, if given, supplies the link figures (every rank must be given the same).

@@ -141,6 +141,10 @@ StringParam kTuner("TUNER", nullptr, "MEASURE", "MEASURE,STATIC",
                    "STATIC: use the built-in defaults (or CHORUS_TUNER_FILE)");
 StringParam kTunerFile("TUNER_FILE", nullptr, "", nullptr,
                        "cost-model parameters to use instead of measuring (see chorus-info --tune)");
+StringParam kTopoFile("TOPO_FILE", nullptr, "", nullptr,
+                      "topology file (src/topo/README.md) describing the cluster: when it "
+                      "describes the communicator (its ranks, on its hosts in block order), its "
+                      "link figures and rails make the cost model instead of measuring");
 StringParam kKernels("KERNELS", nullptr, "AUTO", "AUTO,SCALAR,AVX2,AVX512",
                      "reduction kernel table (AUTO: the best the CPU supports)");
 StringParam kRoute("ROUTE", nullptr, "ADAPTIVE", "ADAPTIVE,STATIC",
@@ -175,7 +179,7 @@ const std::vector<Param*>& all() {
       &kPathChunkBytes, &kShmFifoBytes, &kShmCmaBytes,   &kShmMapBytes,   &kStreamCopyBytes, &kTcpBounceBytes,
       &kIbHca, &kIbAddrFamily, &kIbGidIndex, &kIbTimeout, &kIbRetryCnt, &kIbTc, &kIbSl, &kIbSlots, &kIbSlotBytes, &kIbRdvBytes, &kIbQpsPerConnection, &kTimeoutMs,   &kSpinUs,       &kLivenessMs, &kPeerTimeoutMs,
       &kFlightRecorderOps, &kCommBlocking,
-      &kAlgo,         &kChunkBytes,    &kBoxBytes,    &kExpress,     &kTuner,        &kTunerFile,   &kKernels,
+      &kAlgo,         &kChunkBytes,    &kBoxBytes,    &kExpress,     &kTuner,        &kTunerFile,   &kTopoFile,    &kKernels,
       &kRegCacheBytes, &kRing, &kRoute, &kCompress, &kCompressPolicy, &kCompressMinBytes, &kCompressBlock,
       &kCompressScale,
   };

@@ -140,6 +140,7 @@ extern IntParam kBoxBytes;
 extern IntParam kExpress;
 extern StringParam kTuner;
 extern StringParam kTunerFile;
+extern StringParam kTopoFile;
 extern StringParam kRing;
 extern StringParam kRoute;
 extern StringParam kCompress;

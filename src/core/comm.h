@@ -136,7 +136,7 @@ class Comm : public std::enable_shared_from_this<Comm> {
   int ranks_per_host() const { return ranks_per_host_; }
   // The shape the tuner plans for: ranks, hosts, ranks per host.
   algo::Shape shape() const {
-    algo::Shape s{nranks(), static_cast<int>(hosts_.size()), ranks_per_host_};
+    algo::Shape s{nranks(), static_cast<int>(hosts_.size()), ranks_per_host_, model_.rails};
     s.box_bytes = model_.box_bytes;
     return s;
   }

@@ -255,6 +255,35 @@ Result<Cluster> read_cluster_file(const std::string& path) {
   return parse_cluster(text.str(), path);
 }
 
+std::string placement_mismatch(const Cluster& cluster, const std::vector<std::vector<int>>& hosts) {
+  auto describe_file = [&] {
+    std::string sizes;
+    for (const ClusterHost& h : cluster.hosts()) sizes += fmt::format("{}{}", sizes.empty() ? "" : "+", h.ranks);
+    return fmt::format("{} ranks on {} host(s) of {} ranks, in block order", cluster.nranks(),
+                       cluster.hosts().size(), sizes);
+  };
+  size_t nranks = 0;
+  for (const auto& h : hosts) nranks += h.size();
+  if (nranks != static_cast<size_t>(cluster.nranks()))
+    return fmt::format("it describes {}, the communicator has {} ranks", describe_file(), nranks);
+  if (hosts.size() != cluster.hosts().size())
+    return fmt::format("it describes {}, the communicator's ranks are on {} host(s)",
+                       describe_file(), hosts.size());
+  for (size_t h = 0; h < hosts.size(); ++h) {
+    const int first = cluster.first_rank(static_cast<int>(h));
+    const std::vector<int>& ranks = hosts[h];
+    bool same = ranks.size() == static_cast<size_t>(cluster.hosts()[h].ranks);
+    for (size_t i = 0; same && i < ranks.size(); ++i) same = ranks[i] == first + static_cast<int>(i);
+    if (!same) {
+      std::string list;
+      for (int r : ranks) list += fmt::format("{}{}", list.empty() ? "" : " ", r);
+      return fmt::format("it describes {}, but the communicator's host {} holds ranks {}",
+                         describe_file(), h, list);
+    }
+  }
+  return "";
+}
+
 std::vector<int> host_ring_order(const std::vector<uint64_t>& host_of_rank) {
   // One group per host, in the order of each host's lowest rank; ranks appended in rank order.
   std::unordered_map<uint64_t, size_t> group_of;

@@ -88,6 +88,11 @@ Result<Cluster> parse_cluster(const std::string& text, const std::string& origin
 // Reads and parses the topology file at `path`.
 Result<Cluster> read_cluster_file(const std::string& path);
 
+// Whether `cluster` describes a communicator whose ranks sit on `hosts` (hosts[h] lists host
+// h's ranks in rank order, hosts in the order of their lowest rank, as Comm::hosts()): as many
+// ranks, grouped alike (the file's block order). Empty when it does, else what differs.
+std::string placement_mismatch(const Cluster& cluster, const std::vector<std::vector<int>>& hosts);
+
 // The host-aware ring: hosts in the order of their lowest rank, each host's ranks adjacent in
 // rank order, so the ring crosses between hosts once per host rather than once per rank.
 // host_of_rank[r] identifies rank r's host (a host hash, an index: only equality matters).

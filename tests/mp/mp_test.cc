@@ -376,3 +376,58 @@ TEST_CASE("multi-process matrix over verbs with 4 QPs per connection", "[rdma][v
                          "CHORUS_TEST_DATATYPES=int8,half,float,double"});
   run_workers(3, "VERBS", "matrix", env, {"8191"});
 }
+
+// CHORUS_TOPO_FILE at communicator creation (src/algo/tuner_calibrate.cc, mp_worker.cc's
+// "topology"): the file's link figures and rails make the cost model when it describes the
+// communicator (its ranks, on its hosts in block order); otherwise the model is measured; a
+// file some rank cannot use, or ranks given different files, fail creation on every rank.
+namespace {
+struct TempTextFile {
+  std::string path;
+  explicit TempTextFile(const std::string& text) {
+    char name[] = "/tmp/chorus-topo-XXXXXX";
+    const int fd = mkstemp(name);
+    REQUIRE(fd >= 0);
+    REQUIRE(write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size()));
+    close(fd);
+    path = name;
+  }
+  ~TempTextFile() { std::remove(path.c_str()); }
+};
+// 2 hosts x 2 ranks, two rails: the model takes the slower one (3 us, 50 Gbit/s).
+const char* const kTwoByTwo =
+    "intra 0.5us 40GB/s\nrail nic0 2us 100Gbit/s\nrail nic1 3us 50Gbit/s\nhost alpha 2\nhost beta 2\n";
+}  // namespace
+
+TEST_CASE("a topology file that describes the communicator makes its cost model",
+          "[mp][hosts][topo]") {
+  TempTextFile two(kTwoByTwo);
+  run_workers(4, "AUTO", "topology", {"CHORUS_TEST_HOST_OF=0,0,1,1", "CHORUS_TOPO_FILE=" + two.path},
+              {"file"});
+  TempTextFile one("intra 0.25 12\nrail nic0 2 100\nhosts 1 3\n");
+  run_workers(3, "SHM", "topology", {"CHORUS_TOPO_FILE=" + one.path}, {"file"});
+}
+TEST_CASE("a topology file that does not describe the communicator leaves it measured",
+          "[mp][hosts][topo]") {
+  TempTextFile two(kTwoByTwo);
+  // Hosts interleaved: not the file's block order.
+  run_workers(4, "AUTO", "topology", {"CHORUS_TEST_HOST_OF=0,1,0,1", "CHORUS_TOPO_FILE=" + two.path},
+              {"measured"});
+  // Fewer ranks than the file's (as a split communicator would have).
+  run_workers(2, "SHM", "topology", {"CHORUS_TOPO_FILE=" + two.path}, {"measured"});
+}
+TEST_CASE("a topology file that some rank cannot use, or differs between ranks, is refused by all",
+          "[mp][hosts][topo]") {
+  TempTextFile good(kTwoByTwo);
+  TempTextFile other("intra 0.5us 40GB/s\nrail nic0 2us 100Gbit/s\nhost alpha 2\nhost beta 2\n");
+  TempTextFile bad("intra 0.5us 40GB/s\nrail nic0 0us 100Gbit/s\nhost alpha 4\n");
+  const std::string hosts = "CHORUS_TEST_HOST_OF=0,0,1,1";
+  for (const std::string& files :
+       {good.path + "," + bad.path + "," + good.path + "," + good.path,
+        good.path + "," + good.path + "," + good.path + "," + other.path,
+        good.path + ",," + good.path + "," + good.path,
+        good.path + "," + good.path + "," + good.path + ",/nonexistent/chorus.topo"}) {
+    INFO(files);
+    run_workers(4, "AUTO", "topology", {hosts, "CHORUS_TEST_TOPO_FILE_OF=" + files}, {"refused"});
+  }
+}

@@ -26,6 +26,9 @@
 //   chorus_mp_worker compressed           the compressed collectives (compress_check.h): error
 //                                         bound, identical results, volume, non-finite blocks,
 //                                         error feedback.
+//   chorus_mp_worker topology file|measured|refused
+//                                         CHORUS_TOPO_FILE at creation: the cost model the
+//                                         file's, measured, or creation refused on every rank.
 //   chorus_mp_worker zero-copy [count]    Send/Recv, AllGather and AlltoAll of `count` floats
 //                                         per rank over verbs, checked; then the verbs byte
 //                                         counters: with CHORUS_TEST_REGISTERED=1 no payload
@@ -42,7 +45,11 @@
 #include <string>
 #include <vector>
 
+#include "algo/tuner.h"
+#include "api/api_util.h"
 #include "common/params.h"
+#include "core/comm.h"
+#include "topo/cluster.h"
 #include "support/coll_check.h"
 #include "support/compress_check.h"
 #include "support/identical_check.h"
@@ -353,13 +360,90 @@ int run_zero_copy(ncclComm_t comm, int rank, int nranks, size_t count) {
 #endif
 
 // CHORUS_TEST_HOST_OF (support/test_hosts.h): this rank's CHORUS_HOST_ID, set before anything
-// reads the host identity.
+// reads the host identity. CHORUS_TEST_TOPO_FILE_OF: this rank's CHORUS_TOPO_FILE (an empty
+// item: none).
 void place_on_test_host() {
   const std::vector<std::string> hosts = test_host_of();
+  const std::vector<std::string> topo = test_env_list("CHORUS_TEST_TOPO_FILE_OF");
   const char* rank = std::getenv("CHORUS_RANK");
-  if (hosts.empty() || rank == nullptr) return;
+  if (rank == nullptr) return;
   const size_t r = std::strtoul(rank, nullptr, 10);
   if (r < hosts.size()) setenv("CHORUS_HOST_ID", ("test-host-" + hosts[r]).c_str(), 1);
+  if (r < topo.size()) {
+    if (topo[r].empty()) {
+      unsetenv("CHORUS_TOPO_FILE");
+    } else {
+      setenv("CHORUS_TOPO_FILE", topo[r].c_str(), 1);
+    }
+  }
+}
+
+// CHORUS_TOPO_FILE at communicator creation: `expect` is "file" (the cost model is the
+// file's: its slowest rail, its intra-host link, its rails), "measured" (the file does not
+// describe the communicator: it is measured), or "refused" (creation fails on every rank with
+// an error that names CHORUS_TOPO_FILE: a bad file somewhere, or different files). Then an
+// AllReduce of non-integer floats, checked, on a communicator that was created.
+int run_topology(const std::string& expect, const ncclUniqueId& id, int rank, int nranks) {
+  ncclComm_t comm;
+  const ncclResult_t init = ncclCommInitRank(&comm, nranks, id, rank);
+  const std::string path = std::getenv("CHORUS_TOPO_FILE") ? std::getenv("CHORUS_TOPO_FILE") : "";
+  if (expect == "refused") {
+    if (init == ncclSuccess) {
+      fmt::print(stderr, "rank {}: created a communicator with CHORUS_TOPO_FILE '{}'\n", rank, path);
+      ncclCommDestroy(comm);
+      return 1;
+    }
+    const std::string error = ncclGetLastError(nullptr);
+    const bool named = error.find("CHORUS_TOPO_FILE") != std::string::npos;
+    const bool code = init == ncclInvalidArgument || init == ncclInvalidUsage;
+    fmt::print("rank {}: refused ({}): {}\n", rank, ncclGetErrorString(init), error);
+    return named && code ? 0 : 1;
+  }
+  if (init != ncclSuccess) {
+    fmt::print(stderr, "rank {}: ncclCommInitRank: {}\n", rank, ncclGetLastError(nullptr));
+    return 1;
+  }
+  int failures = 0;
+  chorus::algo::CostModel m;
+  int shape_rails = 0;
+  {
+    auto c = chorus::api::find_comm(comm);
+    if (!c.ok()) return 1;
+    m = (*c)->cost_model();
+    shape_rails = (*c)->shape().rails;
+  }
+  if (expect == "file") {
+    auto cluster = chorus::topo::read_cluster_file(path);
+    if (!cluster.ok()) return 1;
+    const chorus::algo::CostModel want = chorus::algo::model_of(*cluster);
+    const bool hosts = cluster->hosts().size() > 1;
+    const bool same = m.source == "topology file " + path &&
+                      m.alpha_us == (hosts ? want.alpha_us : want.intra_alpha_us) &&
+                      m.beta_gbps == (hosts ? want.beta_gbps : want.intra_beta_gbps) &&
+                      m.intra_alpha_us == want.intra_alpha_us &&
+                      m.intra_beta_gbps == want.intra_beta_gbps &&
+                      m.rails == (hosts ? static_cast<int>(cluster->rails().size()) : 1) &&
+                      shape_rails == m.rails;
+    if (!same) {
+      fmt::print(stderr, "rank {}: cost model {}, not the file's\n", rank, m.to_string());
+      ++failures;
+    }
+  } else if (m.source.rfind("measured", 0) != 0 || m.rails != 1) {
+    fmt::print(stderr, "rank {}: cost model {}, not measured\n", rank, m.to_string());
+    ++failures;
+  }
+  // 0.25 + 0.5 r: exact in float, so the sum is too.
+  const size_t count = 1001;
+  std::vector<float> in(count, 0.25f + 0.5f * static_cast<float>(rank)), out(count, -1.0f);
+  const float want = 0.25f * nranks + 0.25f * nranks * (nranks - 1);
+  if (ncclAllReduce(in.data(), out.data(), count, ncclFloat, ncclSum, comm, nullptr) != ncclSuccess ||
+      std::count(out.begin(), out.end(), want) != static_cast<long>(count)) {
+    fmt::print(stderr, "rank {}: AllReduce gave {}, want {}\n", rank, out[0], want);
+    ++failures;
+  }
+  ncclCommDestroy(comm);
+  if (failures == 0) fmt::print("rank {}: cost model {}\n", rank, m.to_string());
+  return failures == 0 ? 0 : 1;
 }
 
 }  // namespace
@@ -379,6 +463,8 @@ int main(int argc, char** argv) {
     fmt::print(stderr, "{}\n", ncclGetLastError(nullptr));
     return 2;
   }
+  if (std::strcmp(argv[1], "topology") == 0)
+    return run_topology(argc > 2 ? argv[2] : "file", id, rank, nranks);
   ncclComm_t comm;
   if (ncclCommInitRank(&comm, nranks, id, rank) != ncclSuccess) {
     fmt::print(stderr, "rank {}: ncclCommInitRank: {}\n", rank, ncclGetLastError(nullptr));

@@ -11,11 +11,11 @@
 
 namespace chorus::test {
 
-// The host of every rank, as CHORUS_TEST_HOST_OF lists them (items kept as written, empty ones
-// too); empty when it is not set.
-inline std::vector<std::string> test_host_of() {
+// The items of the comma-separated list in environment variable `name` (kept as written, empty
+// ones too); empty when it is not set.
+inline std::vector<std::string> test_env_list(const char* name) {
   std::vector<std::string> hosts;
-  const char* list = std::getenv("CHORUS_TEST_HOST_OF");
+  const char* list = std::getenv(name);
   if (list == nullptr) return hosts;
   std::string item;
   for (const char* p = list;; ++p) {
@@ -29,5 +29,8 @@ inline std::vector<std::string> test_host_of() {
   }
   return hosts;
 }
+
+// The host of every rank, as CHORUS_TEST_HOST_OF lists them.
+inline std::vector<std::string> test_host_of() { return test_env_list("CHORUS_TEST_HOST_OF"); }
 
 }  // namespace chorus::test

@@ -153,6 +153,24 @@ TEST_CASE("host ring order matches Comm's ring on random placements", "[unit][to
   CHECK(inter_host_hops({0}, {7}) == 0);
 }
 
+// Whether a file describes a running communicator (CHORUS_TOPO_FILE): the same ranks, grouped
+// into the same hosts in block order; anything else is named.
+TEST_CASE("topology file: placement_mismatch compares the file with a communicator's hosts",
+          "[unit][topo]") {
+  const Cluster c = parse_ok(std::string(kBase) + "host a 2\nhost b 3\n");
+  CHECK(placement_mismatch(c, {{0, 1}, {2, 3, 4}}).empty());
+  CHECK_THAT(placement_mismatch(c, {{0, 1}, {2, 3}}),
+             Catch::Contains("5 ranks on 2 host(s) of 2+3 ranks") &&
+                 Catch::Contains("the communicator has 4 ranks"));
+  CHECK_THAT(placement_mismatch(c, {{0, 1, 2, 3, 4}}), Catch::Contains("ranks are on 1 host(s)"));
+  CHECK_THAT(placement_mismatch(c, {{0, 2}, {1, 3, 4}}),
+             Catch::Contains("the communicator's host 0 holds ranks 0 2"));
+  CHECK_THAT(placement_mismatch(c, {{0, 1, 2}, {3, 4}}),
+             Catch::Contains("the communicator's host 0 holds ranks 0 1 2"));
+  const Cluster one = parse_ok(std::string(kBase) + "hosts 1 3\n");
+  CHECK(placement_mismatch(one, {{0, 1, 2}}).empty());
+}
+
 TEST_CASE("topology file: exactly 65536 ranks is the limit", "[unit][topo]") {
   Cluster c = parse_ok(std::string(kBase) + "hosts 8192 8\n");
   CHECK(c.nranks() == kMaxClusterRanks);
