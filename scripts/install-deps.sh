@@ -12,7 +12,7 @@ set -euo pipefail
 build_pkgs=(build-essential cmake pkg-config git libfmt-dev libhwloc-dev hwloc-nox catch2
             libbenchmark-dev libssl-dev libibverbs-dev librdmacm-dev rdma-core ibverbs-utils
             libucx-dev ucx-utils openmpi-bin libopenmpi-dev clang libclang-rt-14-dev llvm binutils
-            iproute2 procps iperf3)
+            iproute2 procps iperf3 libopenblas-dev)
 # iperf3: background traffic on a test bed link (scripts/testbed.sh traffic; without it a
 # python3 sender stands in).
 # The soft-RoCE guest boots Debian's kernel (downloaded by scripts/rxe-guest.sh, not installed)

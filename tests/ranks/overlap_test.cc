@@ -10,6 +10,7 @@
 #include <nccl.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <random>
@@ -272,6 +273,9 @@ TEST_CASE("overlap scheduler: a tensor one rank never readies ends the wait, nam
   ScopedEnv timeout("CHORUS_TIMEOUT_MS", "1500");
   RankGroup g(2);
   REQUIRE(g.init_error().empty());
+  // Both waits end before either rank destroys its scheduler (a destroyed peer would end the
+  // other's wait with its own error first).
+  std::atomic<int> waited{0};
   std::string result = g.run([&](int rank, ncclComm_t comm) -> std::string {
     std::vector<float> a(1000, 1.0f), b(3000, 2.0f);
     chorusOverlap_t s = nullptr;
@@ -289,6 +293,8 @@ TEST_CASE("overlap scheduler: a tensor one rank never readies ends the wait, nam
     if (rank == 1 && (r != ncclInvalidUsage || msg.find("never ready on rank 1") == std::string::npos ||
                       msg.find("1 (layer 1)") == std::string::npos))
       f = "rank 1: " + std::to_string(r) + " " + msg;
+    waited.fetch_add(1);
+    while (waited.load() < 2) std::this_thread::sleep_for(std::chrono::milliseconds(1));
     // Destroyed mid-step: clean, and the communicator still works.
     if (chorusOverlapDestroy(s) != ncclSuccess && f.empty()) f = "destroy";
     float x = 1.0f;
