@@ -13,16 +13,18 @@
 // rank's) of:
 //   compute     forward + backward + update, no communication
 //   serial      compute, then every gradient reduced after backward (plain ncclAllReduce)
-//   per policy (priority; fifo; ddp: FIFO, 25 MiB buckets, 1 MiB first, no pieces or credit):
+//   per policy (priority; fifo; ddp: FIFO, 25 MiB buckets, 1 MiB first, no pieces or credit;
+//   priority-fp8: priority with every piece reduced through FP8, E4M3 with error feedback):
 //     comm      communication alone: every gradient ready at once, wait for all
 //     overlap   the training step with the scheduler
 // and prints, per policy, hidden = (compute + comm - overlap) / comm, and the last step's
 // scheduler statistics. The loss printed at the end of each training mode should fall alike.
 //
 //   chorus-run -n 2 overlap_train [--layers 8] [--width 2048] [--batch 256] [--steps 5]
-//              [--warmup 1] [--policies priority,fifo,ddp] [--trace DIR] [--fp8]
+//              [--warmup 1] [--policies priority,fifo,ddp,priority-fp8] [--trace DIR]
 // (the multi-host test bed: bench/overlap/overlap_speed.sh).
 #include <cblas.h>
+#include <chorus/compress.h>
 #include <chorus/launch.h>
 #include <chorus/overlap.h>
 #include <nccl.h>
@@ -215,6 +217,11 @@ chorusOverlapConfig_t policy_config(const std::string& name) {
   chorusOverlapConfig_t c;
   chorusOverlapConfigInit(&c);
   if (name == "fifo") c.policy = chorusOverlapFifo;
+  if (name == "priority-fp8") {
+    static chorusCompressConfig_t fp8 = CHORUS_COMPRESS_CONFIG_INIT;
+    fp8.errorFeedback = 1;
+    c.compress = &fp8;
+  }
   if (name == "ddp") {
     c.policy = chorusOverlapFifo;
     c.bucketBytes = 25 << 20;
@@ -247,7 +254,7 @@ int main(int argc, char** argv) {
     else if (a == "--trace") o.trace_dir = next();
     else {
       std::fprintf(stderr, "usage: overlap_train [--layers L] [--width D] [--batch B] [--steps S] "
-                           "[--warmup W] [--policies priority,fifo,ddp] [--trace DIR]\n");
+                           "[--warmup W] [--policies priority,fifo,ddp,priority-fp8] [--trace DIR]\n");
       return 2;
     }
   }
@@ -273,9 +280,9 @@ int main(int argc, char** argv) {
   const Result compute = train(o, m, comm, timing, nullptr, false);
   const Result serial = train(o, m, comm, timing, nullptr, true);
   if (rank == 0) {
-    std::printf("%-10s %-8s %10s %10s\n", "policy", "mode", "step ms", "loss");
-    std::printf("%-10s %-8s %10.1f %10.5f\n", "-", "compute", compute.step * 1e3, compute.loss);
-    std::printf("%-10s %-8s %10.1f %10.5f\n", "-", "serial", serial.step * 1e3, serial.loss);
+    std::printf("%-10s %-8s %10s %12s\n", "policy", "mode", "step ms", "loss");
+    std::printf("%-10s %-8s %10.1f %12.8f\n", "-", "compute", compute.step * 1e3, compute.loss);
+    std::printf("%-10s %-8s %10.1f %12.8f\n", "-", "serial", serial.step * 1e3, serial.loss);
   }
   size_t start = 0;
   while (start <= o.policies.size()) {
@@ -300,8 +307,8 @@ int main(int argc, char** argv) {
     CHECK_NCCL(chorusOverlapDestroy(s));
     if (rank == 0) {
       const double hidden = (compute.step + comm_s - overlap.step) / comm_s;
-      std::printf("%-10s %-8s %10.1f %10s\n", name.c_str(), "comm", comm_s * 1e3, "");
-      std::printf("%-10s %-8s %10.1f %10.5f   hidden %.1f %%, %.2fx serial; last step: %lu "
+      std::printf("%-10s %-8s %10.1f\n", name.c_str(), "comm", comm_s * 1e3);
+      std::printf("%-10s %-8s %10.1f %12.8f   hidden %.1f %%, %.2fx serial; last step: %lu "
                   "buckets, %lu agreements, comm %.1f ms, exposed %.1f ms\n",
                   name.c_str(), "overlap", overlap.step * 1e3, overlap.loss, 100 * hidden,
                   serial.step / overlap.step, static_cast<unsigned long>(st.buckets),

@@ -10,7 +10,8 @@
 #   comm-heavy 8 layers of 2048 x 2048, batch 64: 128 MiB of gradients, communication well over
 #              the backward pass (-- where priority scheduling should beat FIFO)
 # The example prints per policy (priority, fifo, ddp: FIFO with 25 MiB buckets and a 1 MiB first
-# bucket) the compute-only, communication-only and overlapped step times (medians, slowest rank),
+# bucket, priority-fp8: priority with every piece reduced as FP8 with error feedback) the
+# compute-only, communication-only and overlapped step times (medians, slowest rank),
 # hidden = (compute + comm - overlap) / comm, and writes each policy's last step as a Chrome
 # trace (JSON) into the output directory.
 #
@@ -64,6 +65,7 @@ else
   shapes=("balanced:--layers 8 --width 1024 --batch 512 --steps $steps --warmup 1"
           "comm-heavy:--layers 8 --width 2048 --batch 64 --steps $steps --warmup 1")
 fi
+policies=priority,fifo,ddp,priority-fp8
 for shape in "${shapes[@]}"; do
   name=${shape%%:*}
   # shellcheck disable=SC2206  # the arguments are words
@@ -71,7 +73,8 @@ for shape in "${shapes[@]}"; do
   mkdir -p "$out/$name"
   echo "# $name: testbed.sh launch -n $hosts overlap_train ${args[*]}"
   "$testbed" launch -n "$hosts" --placement cyclic --ifname rail0 --chorus-run "$run" \
-    "$example" "${args[@]}" --trace "$out/$name" | tee "$out/$name/table.txt"
-  grep -q "^ddp *overlap" "$out/$name/table.txt" || { echo "overlap_train did not finish" >&2; exit 1; }
+    "$example" "${args[@]}" --policies "$policies" --trace "$out/$name" | tee "$out/$name/table.txt"
+  grep -q "^priority-fp8 *overlap" "$out/$name/table.txt" ||
+    { echo "overlap_train did not finish" >&2; exit 1; }
 done
 echo "# traces (Chrome JSON): $out/<shape>/overlap_<policy>_rank<r>.json"

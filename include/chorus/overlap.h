@@ -23,7 +23,8 @@
  * first bucket), and launch them while the bytes in flight stay under creditBytes. A partial
  * bucket goes at the next agreement: it never waits for tensors that are not ready. A bucket
  * whose pieces lie back to back in memory is reduced in place (zero copy); others go through a
- * staging buffer. So ranks may see their gradients ready in any order, from any threads.
+ * staging buffer. So ranks may see their gradients ready in any order, from any threads. With
+ * `compress`, fp32/bf16/fp16 pieces travel as block-scaled FP8 (<chorus/compress.h>).
  *
  * The communicator passed to chorusOverlapCreate belongs to the scheduler while a step runs:
  * other collectives on it from the caller would interleave with the scheduler's in an order
@@ -42,6 +43,7 @@
 #ifndef CHORUS_OVERLAP_H_
 #define CHORUS_OVERLAP_H_
 
+#include <chorus/compress.h>
 #include <nccl.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -67,6 +69,11 @@ typedef struct {
                               may always go) */
   double cycleUs;          /* between two agreements of the ranks (default 1000) */
   ncclRedOp_t op;          /* ncclSum or ncclAvg (the default) */
+  /* NULL (the default), or FP8 compression of the fp32, bf16 and fp16 gradients: each piece is
+   * reduced by chorusAllReduceCompressed through a compressor of its own (so its error-feedback
+   * residual, if configured, follows that piece from step to step); compressed pieces are not
+   * fused. The configuration is copied at creation. */
+  const chorusCompressConfig_t* compress;
 } chorusOverlapConfig_t;
 
 typedef struct {

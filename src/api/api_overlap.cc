@@ -60,6 +60,7 @@ CHORUS_API ncclResult_t chorusOverlapConfigInit(chorusOverlapConfig_t* config) {
     config->creditBytes = 8 << 20;
     config->cycleUs = 1000;
     config->op = ncclAvg;
+    config->compress = nullptr;
     return Status();
   });
 }

@@ -3,6 +3,7 @@
 // The overlap scheduler (scheduler.h).
 #include "overlap/scheduler.h"
 
+#include <chorus/compress.h>
 #include <chorus/stream.h>
 #include <fmt/format.h>
 
@@ -39,6 +40,8 @@ struct Scheduler::Piece {
   bool launched = false;
   bool done = false;
   uint64_t agreed_round = 0;
+  // With compression, for fp32/bf16/fp16: this piece's own compressor (and residual).
+  chorusCompressor_t compressor = nullptr;
 };
 
 struct Scheduler::Bucket {
@@ -76,12 +79,25 @@ Status from_nccl(ncclResult_t r, const char* what) {
 }  // namespace
 
 Scheduler::Scheduler(ncclComm_t comm, const chorusOverlapConfig_t& config)
-    : comm_(comm), config_(config) {}
+    : comm_(comm), config_(config) {
+  if (config.compress != nullptr) {
+    compress_ = true;
+    compress_config_ = *config.compress;
+  }
+}
 
 Result<std::unique_ptr<Scheduler>> Scheduler::create(ncclComm_t comm,
                                                      const chorusOverlapConfig_t& config) {
   std::unique_ptr<Scheduler> s(new Scheduler(comm, config));
-  ncclResult_t r = ncclCommUserRank(comm, &s->rank_);
+  ncclResult_t r = ncclSuccess;
+  if (s->compress_) {
+    // A bad compression setting is refused here, naming the field, not at registration.
+    chorusCompressor_t probe = nullptr;
+    r = chorusCompressorCreate(&s->compress_config_, &probe);
+    if (r != ncclSuccess) return from_nccl(r, "the overlap scheduler's compression");
+    chorusCompressorDestroy(probe);
+  }
+  r = ncclCommUserRank(comm, &s->rank_);
   if (r == ncclSuccess) r = ncclCommCount(comm, &s->nranks_);
   if (r != ncclSuccess) return from_nccl(r, "the scheduler's communicator");
   // The agreement runs on a communicator of its own, so that it never waits behind buckets.
@@ -110,6 +126,8 @@ Scheduler::~Scheduler() {
     // Buckets in flight finish (or fail, bounded by CHORUS_TIMEOUT_MS) before their memory goes.
     chorusStreamDestroy(stream_);
   }
+  for (Piece& p : pieces_)
+    if (p.compressor != nullptr) chorusCompressorDestroy(p.compressor);
 }
 
 int Scheduler::find(const void* buf) const {
@@ -143,11 +161,21 @@ Status Scheduler::add(void* buf, size_t count, int datatype, int layer) {
   size_t piece = t.bytes();
   if (config_.partitionBytes > 0) piece = std::max(t.elem, config_.partitionBytes / t.elem * t.elem);
   const int index = static_cast<int>(tensors_.size());
+  const bool compressible = compress_ && (datatype == ncclFloat32 || datatype == ncclBfloat16 ||
+                                          datatype == ncclFloat16);
   for (size_t off = 0; off < t.bytes(); off += piece) {
     Piece p;
     p.tensor = index;
     p.offset = off;
     p.bytes = std::min(piece, t.bytes() - off);
+    if (compressible) {
+      const ncclResult_t r = chorusCompressorCreate(&compress_config_, &p.compressor);
+      if (r != ncclSuccess) {
+        for (int q : t.pieces) chorusCompressorDestroy(pieces_[q].compressor);
+        pieces_.resize(pieces_.size() - t.pieces.size());
+        return from_nccl(r, "a piece's compressor");
+      }
+    }
     t.pieces.push_back(static_cast<int>(pieces_.size()));
     pieces_.push_back(p);
   }
@@ -376,8 +404,10 @@ std::vector<std::vector<int>> Scheduler::plan(std::vector<int> candidates) const
                            ? config_.firstBucketBytes
                            : config_.bucketBytes;
     const int dtype = tensors_[pieces_[p].tensor].datatype;
+    // A compressed piece goes alone: its compressor's residual is the piece's.
     if (!group.empty() && (dtype != tensors_[pieces_[group.front()].tensor].datatype ||
-                           bytes + pieces_[p].bytes > cap)) {
+                           bytes + pieces_[p].bytes > cap || pieces_[p].compressor != nullptr ||
+                           pieces_[group.front()].compressor != nullptr)) {
       groups.push_back(std::move(group));
       group.clear();
       bytes = 0;
@@ -408,9 +438,13 @@ Status Scheduler::launch(Bucket* b) {
   }
   const size_t elem = datatype_size(static_cast<DataType>(b->datatype));
   b->launch_ns = now_ns();
-  ncclResult_t r = ncclAllReduce(b->data, b->data, b->bytes / elem,
-                                 static_cast<ncclDataType_t>(b->datatype), config_.op, comm_,
-                                 stream_);
+  const auto dtype = static_cast<ncclDataType_t>(b->datatype);
+  chorusCompressor_t compressor = pieces_[b->pieces.front()].compressor;
+  ncclResult_t r = compressor != nullptr
+                       ? chorusAllReduceCompressed(b->data, b->data, b->bytes / elem, dtype,
+                                                   config_.op, compressor, comm_, stream_)
+                       : ncclAllReduce(b->data, b->data, b->bytes / elem, dtype, config_.op,
+                                       comm_, stream_);
   if (r != ncclSuccess) return from_nccl(r, "a bucket's AllReduce");
   r = chorusLaunchHostFunc(stream_, &Scheduler::bucket_done, b);
   if (r != ncclSuccess) return from_nccl(r, "queueing a bucket's completion");

@@ -81,6 +81,8 @@ class Scheduler {
   ncclComm_t agree_comm_ = nullptr;
   cudaStream_t stream_ = nullptr;
   const chorusOverlapConfig_t config_;
+  bool compress_ = false;
+  chorusCompressConfig_t compress_config_{};  // with compress_: a copy of config.compress
   int rank_ = 0, nranks_ = 1;
 
   mutable std::mutex mutex_;

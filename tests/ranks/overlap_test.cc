@@ -6,12 +6,14 @@
 // policy; and its errors (bad registrations, ready twice, a tensor never ready) are the ones
 // the header promises, naming what is wrong.
 #include <catch2/catch.hpp>
+#include <chorus/compress.h>
 #include <chorus/overlap.h>
 #include <nccl.h>
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <random>
 #include <string>
@@ -204,6 +206,76 @@ TEST_CASE("overlap scheduler: no partitions, no credit, one bucket cap (DDP-like
   c.bucketBytes = 25 << 20;
   c.firstBucketBytes = 1 << 20;
   CHECK(g.run([&](int r, ncclComm_t comm) { return run_steps(r, comm, c, 2, 2); }) == "");
+}
+
+// With compression each fp32 piece is reduced through FP8 (chorusAllReduceCompressed): every
+// rank ends with the same bytes, within two E4M3 quantizations of the exact sum (each at most
+// 1/16 of its 128-element block's largest magnitude), and not exact (it was compressed); an
+// int32 tensor beside them stays exact.
+TEST_CASE("overlap scheduler: FP8 compression per piece, identical on every rank, within FP8's error",
+          "[ranks][overlap][compress]") {
+  const int n = 3;
+  const std::vector<size_t> counts = {5000, 40000, 128, 70001};
+  RankGroup g(n);
+  REQUIRE(g.init_error().empty());
+  // inputs[r][t], results[r][t]: filled by the ranks, compared here.
+  std::vector<std::vector<std::vector<float>>> inputs(n), results(n);
+  std::vector<std::vector<int32_t>> ints(n);
+  chorusCompressConfig_t fp8 = CHORUS_COMPRESS_CONFIG_INIT;
+  chorusOverlapConfig_t c = small_config(chorusOverlapPriority, ncclSum);
+  c.compress = &fp8;
+  CHECK(g.run([&](int r, ncclComm_t comm) -> std::string {
+    std::mt19937 gen(static_cast<unsigned>(77 + r));
+    std::normal_distribution<float> d(0.0f, 1.0f);
+    auto& in = inputs[r];
+    auto& out = results[r];
+    in.resize(counts.size());
+    for (size_t t = 0; t < counts.size(); ++t) {
+      in[t].resize(counts[t]);
+      for (float& x : in[t]) x = d(gen);
+    }
+    out = in;
+    ints[r].assign(1000, r + 1);
+    chorusOverlap_t s = nullptr;
+    if (chorusOverlapCreate(comm, &c, &s) != ncclSuccess) return std::string("create: ") + ncclGetLastError(nullptr);
+    for (size_t t = 0; t < counts.size(); ++t)
+      chorusOverlapRegister(s, out[t].data(), counts[t], ncclFloat32, static_cast<int>(t));
+    chorusOverlapRegister(s, ints[r].data(), ints[r].size(), ncclInt32, 9);
+    std::vector<int> order = {3, 0, 4, 2, 1};
+    std::shuffle(order.begin(), order.end(), gen);
+    for (int t : order) {
+      const ncclResult_t rc = t == 4 ? chorusOverlapReady(s, ints[r].data(), ints[r].size(), ncclInt32)
+                                     : chorusOverlapReady(s, out[t].data(), counts[t], ncclFloat32);
+      if (rc != ncclSuccess) return std::string("ready: ") + ncclGetLastError(nullptr);
+    }
+    std::string f;
+    if (chorusOverlapWaitAll(s) != ncclSuccess) f = std::string("wait: ") + ncclGetLastError(nullptr);
+    if (chorusOverlapDestroy(s) != ncclSuccess && f.empty()) f = "destroy";
+    return f;
+  }) == "");
+  for (int r = 0; r < n; ++r) CHECK(ints[r] == std::vector<int32_t>(1000, n * (n + 1) / 2));
+  size_t inexact = 0, beyond = 0;
+  for (size_t t = 0; t < counts.size(); ++t) {
+    for (int r = 1; r < n; ++r) CHECK(std::memcmp(results[r][t].data(), results[0][t].data(), counts[t] * 4) == 0);
+    for (size_t b = 0; b < counts[t]; b += 128) {
+      const size_t e = std::min(counts[t], b + 128);
+      double block_max = 0;
+      for (size_t i = b; i < e; ++i) {
+        double abs_sum = 0;
+        for (int r = 0; r < n; ++r) abs_sum += std::fabs(inputs[r][t][i]);
+        block_max = std::max(block_max, abs_sum);
+      }
+      for (size_t i = b; i < e; ++i) {
+        double exact = 0;
+        for (int r = 0; r < n; ++r) exact += inputs[r][t][i];
+        const double err = std::fabs(results[0][t][i] - exact);
+        if (err > 0) ++inexact;
+        if (err > block_max / 8) ++beyond;
+      }
+    }
+  }
+  CHECK(beyond == 0);
+  CHECK(inexact > 0);
 }
 
 TEST_CASE("overlap scheduler: bad calls are refused, naming what is wrong", "[ranks][overlap]") {
