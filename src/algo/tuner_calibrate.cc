@@ -44,15 +44,8 @@ TopoFile read_topo_file() {
   TopoFile t;
   const std::string& path = params::kTopoFile.get();
   if (path.empty()) return t;
-  std::ifstream in(path);
-  std::ostringstream text;
-  if (in) text << in.rdbuf();
-  if (!in || in.bad()) {
-    t.state = TopoFile::kBad;
-    t.error = invalid_argument("CHORUS_TOPO_FILE: cannot read {}: {}", path, std::strerror(errno));
-    return t;
-  }
-  auto cluster = topo::parse_cluster(text.str(), path);
+  auto text = topo::read_cluster_text(path);
+  auto cluster = text.ok() ? topo::parse_cluster(*text, path) : Result<topo::Cluster>(text.status());
   if (!cluster.ok()) {
     t.state = TopoFile::kBad;
     t.error = invalid_argument("CHORUS_TOPO_FILE: {}", cluster.status().message());
@@ -60,8 +53,7 @@ TopoFile read_topo_file() {
   }
   t.state = TopoFile::kParsed;
   t.cluster = std::move(*cluster);
-  t.digest = 1469598103934665603ull;  // FNV-1a of the text
-  for (unsigned char c : text.str()) t.digest = (t.digest ^ c) * 1099511628211ull;
+  t.digest = fnv1a(*text);
   return t;
 }
 
@@ -322,15 +314,11 @@ Result<CostModel> calibrate(Comm& comm) {
       adopt_topology(comm, *topo_file.cluster, &model);
       return model;
     }
-    // Every rank finds the same: rank 0 says it (a subset's communicator, from ncclCommSplit,
-    // is a common reason, so the others only log it).
-    if (comm.rank() == 0) {
-      CHORUS_WARN(kColl, "CHORUS_TOPO_FILE {} does not describe {}: {}; measuring instead",
-                  params::kTopoFile.get(), comm.describe(), mismatch);
-    } else {
-      CHORUS_INFO(kColl, "CHORUS_TOPO_FILE {} does not describe {}: {}; measuring instead",
-                  params::kTopoFile.get(), comm.describe(), mismatch);
-    }
+    // Every rank finds the same: rank 0 warns (a subset's communicator, from ncclCommSplit,
+    // is a common reason), the others only log it.
+    CHORUS_LOG(comm.rank() == 0 ? log::Level::kWarn : log::Level::kInfo, log::kColl,
+               "CHORUS_TOPO_FILE {} does not describe {}: {}; measuring instead",
+               params::kTopoFile.get(), comm.describe(), mismatch);
   }
   // A tuner file, if given, supplies the link figures (every rank must be given the same).
   const std::string& path = params::kTunerFile.get();

@@ -15,6 +15,16 @@
 
 namespace chorus {
 
+// FNV-1a, 64-bit: a cheap digest of short texts (host identities, a topology file), for
+// equality checks between ranks, not for security.
+inline uint64_t fnv1a(std::string_view s, uint64_t h = 1469598103934665603ull) {
+  for (unsigned char c : s) {
+    h ^= c;
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
 // Fixed-width little-endian codecs for wire headers.
 namespace le {
 inline void put_u16(uint8_t* p, uint16_t v) {

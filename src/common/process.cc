@@ -18,6 +18,7 @@
 #include <mutex>
 #include <pthread.h>
 
+#include "common/bytes.h"
 #include "common/log.h"
 #include "common/params.h"
 
@@ -64,14 +65,6 @@ uint64_t random_u64() {
 }
 
 namespace {
-
-uint64_t fnv1a(std::string_view s, uint64_t h = 1469598103934665603ull) {
-  for (unsigned char c : s) {
-    h ^= c;
-    h *= 1099511628211ull;
-  }
-  return h;
-}
 
 // Processes that share a boot and a network namespace are on one host; network namespaces
 // stand for hosts in the multi-host tests.

@@ -36,9 +36,8 @@ struct Scheduler::Piece {
   int tensor = 0;
   size_t offset = 0;  // bytes from the tensor's start
   size_t bytes = 0;
-  // The running step: launched in a bucket, reduced here, the round it was agreed ready in.
+  // The running step: launched in a bucket, the round it was agreed ready in.
   bool launched = false;
-  bool done = false;
   uint64_t agreed_round = 0;
   // With compression, for fp32/bf16/fp16: this piece's own compressor (and residual).
   chorusCompressor_t compressor = nullptr;
@@ -467,9 +466,7 @@ void Scheduler::bucket_done(void* arg) {
     b->done = true;
     b->done_ns = now_ns();
     for (int p : b->pieces) {
-      Piece& piece = s->pieces_[p];
-      piece.done = true;
-      Tensor& t = s->tensors_[piece.tensor];
+      Tensor& t = s->tensors_[s->pieces_[p].tensor];
       if (++t.pieces_done == t.pieces.size()) ++t.done_count;
     }
   }
@@ -500,7 +497,6 @@ void Scheduler::end_step() {
   exposed_ns_ = 0;
   for (Piece& p : pieces_) {
     p.launched = false;
-    p.done = false;
     p.agreed_round = 0;
   }
   for (Tensor& t : tensors_) t.pieces_done = 0;

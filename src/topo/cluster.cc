@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
+#include <cstring>
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
@@ -246,13 +247,18 @@ Result<Cluster> parse_cluster(const std::string& text, const std::string& origin
   return Cluster::make(p.intra, std::move(p.rails), std::move(p.hosts));
 }
 
-Result<Cluster> read_cluster_file(const std::string& path) {
+Result<std::string> read_cluster_text(const std::string& path) {
   std::ifstream in(path);
-  if (!in) return invalid_argument("cannot read topology file {}", path);
+  if (!in) return invalid_argument("cannot read topology file {}: {}", path, std::strerror(errno));
   std::ostringstream text;
   text << in.rdbuf();
-  if (in.bad()) return invalid_argument("cannot read topology file {}", path);
-  return parse_cluster(text.str(), path);
+  if (in.bad()) return invalid_argument("cannot read topology file {}: {}", path, std::strerror(errno));
+  return text.str();
+}
+
+Result<Cluster> read_cluster_file(const std::string& path) {
+  CHORUS_ASSIGN_OR_RETURN(std::string text, read_cluster_text(path));
+  return parse_cluster(text, path);
 }
 
 std::string placement_mismatch(const Cluster& cluster, const std::vector<std::vector<int>>& hosts) {

@@ -85,6 +85,8 @@ class Cluster {
 
 // Parses topology-file text; `origin` names it in errors ("path:line: ...").
 Result<Cluster> parse_cluster(const std::string& text, const std::string& origin);
+// The text of the topology file at `path` (kInvalidArgument naming it and why, if unreadable).
+Result<std::string> read_cluster_text(const std::string& path);
 // Reads and parses the topology file at `path`.
 Result<Cluster> read_cluster_file(const std::string& path);
 
