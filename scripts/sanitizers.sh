@@ -32,6 +32,7 @@ done
 # ---- What runs under the sanitizers -----------------------------------------------------------
 # The core suite: ctest labels unit, ranks and mp (which includes the fault tests), except
 #   - the whole-library script checks (abi:exports reads the shared library's symbol table,
+#     dropin:* preloads it into a client built against another libnccl.so.2,
 #     install:* builds an uninstrumented consumer against the installed library, netns:* needs
 #     network namespaces): they say nothing about memory or threads;
 #   - both: the whole default-choice matrix ("<Coll> matrix with N ranks", 1M-element counts):
@@ -91,7 +92,7 @@ done
 core_tests=(chorus_unit_tests chorus_ranks_tests chorus_mp_tests chorus_mp_worker
             chorus_fault_tests)
 core_labels='^(unit|ranks|mp)$'
-not_instrumented='^(abi|install|example|netns|launcher|layers|tools):'
+not_instrumented='^(abi|install|dropin|example|netns|launcher|layers|tools):'
 default_matrix='^ranks:.* matrix with [0-9]+ ranks$'
 second_rank_count='^mp:multi-process matrix (over shared memory with 4|over TCP with 2|over UCX \(tcp\) with 2|over UCX \(shared memory\) with 4) ranks$'
 compress_repeats='^(ranks:compressed collectives are within|mp:compressed collectives over shared memory|ranks:ring and chain split over several channels$)'

@@ -3,9 +3,13 @@
 // Communicator life cycle entry points: unique ids, initialisation (by rank, all-in-process,
 // scalable), split, shrink, finalize, destroy, abort, revoke. They validate and translate; how
 // a communicator is made, split or shrunk is core's (core/lifecycle.h).
+#include <chorus/chorus.h>
 #include <nccl.h>
 
+#include <dlfcn.h>
+
 #include <algorithm>
+#include <mutex>
 #include <thread>
 
 #include "api/api_util.h"
@@ -13,6 +17,7 @@
 #include "bootstrap/unique_id.h"
 #include "common/bytes.h"
 #include "common/clock.h"
+#include "common/log.h"
 #include "common/params.h"
 #include "core/engine.h"
 #include "core/lifecycle.h"
@@ -23,6 +28,22 @@ namespace chorus::api {
 
 namespace {
 
+// NCCL_DEBUG=VERSION (or any level asked for explicitly): once per process, which library
+// this is and where it was loaded from, so a program started against libnccl.so.2 shows that
+// Chorus answered. Not at the default level, which NCCL keeps silent too.
+void log_version_once() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    if (params::kDebug.source() == "default") return;
+    Dl_info info{};
+    const char* path = dladdr(reinterpret_cast<void*>(&log_version_once), &info) != 0 &&
+                               info.dli_fname != nullptr
+                           ? info.dli_fname
+                           : "?";
+    CHORUS_VERSION_LOG("Chorus: {}, loaded from {}", chorusBuildInfo(), path);
+  });
+}
+
 // Registers the handle of a new comm and starts its setup (core/lifecycle.h).
 Status register_and_start(const NewComm& c, ncclComm_t* out) {
   ncclComm_t handle = register_comm(c.comm);
@@ -32,6 +53,7 @@ Status register_and_start(const NewComm& c, ncclComm_t* out) {
 
 Status init_rank(ncclComm_t* out, int nranks, const std::vector<bootstrap::UniqueId>& ids,
                  int rank, const ncclConfig_t* config, int cu_device) {
+  log_version_once();
   if (out == nullptr) return invalid_argument("comm (the output pointer) is NULL");
   *out = nullptr;
   if (nranks < 1) return invalid_argument("nranks {} must be at least 1", nranks);

@@ -1,26 +1,83 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: Apache-2.0
-# Installs the build into a scratch prefix, then builds programs against it the two ways users
-# do: CMake's find_package(chorus) (shared and static) and pkg-config.
-#   install_test.sh BUILD_DIR SOURCE_DIR
+# Installs the build, then checks what a user finds there: the layout (nothing that clashes
+# with a real NCCL or nccl-tests in the same prefix), programs built against it the ways users
+# build them (CMake's find_package(chorus), shared and static, from a C-only project; pkg-config,
+# shared and --static), the installed perf tool, and the installed drop-in libnccl.so.2.
+#   install_test.sh BUILD_DIR SOURCE_DIR          cmake --install into a scratch prefix
+#   install_test.sh --deb BUILD_DIR SOURCE_DIR    cpack's Debian packages, unpacked (dpkg -x)
 set -euo pipefail
-build=$1
-src=$2
-prefix=$(mktemp -d /tmp/chorus-install-XXXXXX)
-trap 'rm -rf "$prefix"' EXIT
-cmake --install "$build" --prefix "$prefix" > /dev/null
-test -f "$prefix/include/nccl.h"
-test -f "$prefix/include/chorus/stream.h"
-libdir=$(dirname "$(find "$prefix" -name 'libchorus.so' | head -1)")
+mode=install
+if [ "${1:-}" = --deb ]; then
+  mode=deb
+  shift
+fi
+build=$(readlink -f "$1")
+src=$(readlink -f "$2")
+scratch=$(mktemp -d /tmp/chorus-install-XXXXXX)
+trap 'rm -rf "$scratch"' EXIT
 
-cmake -S "$src/tests/install/consumer" -B "$prefix/build" -DCMAKE_PREFIX_PATH="$prefix" > /dev/null
-cmake --build "$prefix/build" > /dev/null
-LD_LIBRARY_PATH="$libdir" "$prefix/build/consumer_shared"
-"$prefix/build/consumer_static"
+if [ $mode = install ]; then
+  prefix=$scratch/prefix
+  cmake --install "$build" --prefix "$prefix" > /dev/null
+else
+  # The packages cpack makes, unpacked as dpkg would install them (without touching this
+  # machine's /usr): libchorus0, libchorus-dev, chorus-tools.
+  (cd "$build" && cpack -G DEB -B "$scratch/packages" > "$scratch/cpack.log") ||
+    { cat "$scratch/cpack.log"; exit 1; }
+  for name in libchorus0 libchorus-dev chorus-tools; do
+    deb=$(find "$scratch/packages" -maxdepth 1 -name "${name}_*.deb" | head -1)
+    [ -n "$deb" ] || { echo "FAIL: cpack made no $name package"; ls "$scratch/packages"; exit 1; }
+    echo "$(basename "$deb"): $(dpkg-deb -f "$deb" Depends)"
+    dpkg-deb -x "$deb" "$scratch/root"
+  done
+  prefix=$scratch/root/usr
+fi
+
+fail() {
+  echo "FAIL: $*"
+  exit 1
+}
+lib=$(find "$prefix" -name 'libchorus.so.0' | head -1)
+[ -n "$lib" ] || fail "no libchorus.so.0 under $prefix"
+libdir=$(dirname "$lib")
+test -f "$prefix/include/chorus/nccl/nccl.h" || fail "no include/chorus/nccl/nccl.h"
+test -f "$prefix/include/chorus/stream.h" || fail "no include/chorus/stream.h"
+test ! -e "$prefix/include/nccl.h" || fail "include/nccl.h would clash with a real NCCL's"
+test -x "$prefix/libexec/chorus/all_reduce_perf" || fail "no libexec/chorus/all_reduce_perf"
+test -z "$(find "$prefix/bin" -name '*_perf')" || fail "perf tools in bin/ clash with nccl-tests"
+test ! -e "$libdir/libnccl.so.2" || fail "libnccl.so.2 in the library directory shadows NCCL"
+dropin=$libdir/chorus/libnccl.so.2
+test -e "$dropin" || fail "no drop-in $dropin"
+test -x "$prefix/bin/chorus-run" || fail "no bin/chorus-run"
+
+# find_package from a project that enables C only: the static library must bring the C++
+# runtime itself.
+cmake -S "$src/tests/install/consumer" -B "$scratch/build" -DCMAKE_PREFIX_PATH="$prefix" > /dev/null
+cmake --build "$scratch/build" > /dev/null
+LD_LIBRARY_PATH="$libdir" "$scratch/build/consumer_shared"
+"$scratch/build/consumer_static"
 
 export PKG_CONFIG_PATH="$libdir/pkgconfig"
 # shellcheck disable=SC2046
-cc -std=c11 -Wall -Werror "$src/tests/install/consumer/consumer.c" -o "$prefix/consumer_pc" \
+cc -std=c11 -Wall -Werror "$src/tests/install/consumer/consumer.c" -o "$scratch/consumer_pc" \
   $(pkg-config --cflags --libs chorus)
-LD_LIBRARY_PATH="$libdir" "$prefix/consumer_pc"
-echo "install test: find_package (shared, static) and pkg-config consumers ran"
+LD_LIBRARY_PATH="$libdir" "$scratch/consumer_pc"
+# shellcheck disable=SC2046
+cc -std=c11 -Wall -Werror "$src/tests/install/consumer/consumer.c" -o "$scratch/consumer_pc_static" \
+  $(pkg-config --cflags chorus) -L"$libdir" -Wl,-Bstatic -lchorus -Wl,-Bdynamic \
+  $(pkg-config --static --libs-only-other --libs-only-l chorus | sed 's/-lchorus//')
+"$scratch/consumer_pc_static"
+
+# The installed perf tool finds the installed library by itself (its RUNPATH).
+"$prefix/libexec/chorus/all_reduce_perf" -b 8 -e 64K -f 8 -t 2 -n 2 -w 1 > "$scratch/perf.out" ||
+  { cat "$scratch/perf.out"; fail "installed all_reduce_perf"; }
+grep -q "Out of bounds values : 0 OK" "$scratch/perf.out" || { cat "$scratch/perf.out"; fail "perf"; }
+
+# The installed drop-in: a program that links -lnccl from it (as against NCCL) runs on Chorus.
+cc -std=c11 -Wall -Werror -I"$prefix/include/chorus/nccl" "$src/tests/install/consumer/nccl_only.c" \
+  -o "$scratch/nccl_only" -L"$libdir/chorus" -lnccl
+LD_LIBRARY_PATH="$libdir/chorus" "$scratch/nccl_only"
+readelf -dW "$scratch/nccl_only" | grep -q 'NEEDED.*\[libnccl.so.2\]' || fail "not linked to libnccl.so.2"
+echo "install test ($mode): layout, find_package (shared, static, C only), pkg-config (shared," \
+  "static), installed all_reduce_perf and drop-in libnccl.so.2 consumers ran"
