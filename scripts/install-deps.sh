@@ -20,7 +20,9 @@ build_pkgs=(build-essential cmake pkg-config git libfmt-dev libhwloc-dev hwloc-n
 rdma_pkgs=(qemu-system-x86 busybox-static xz-utils perftest rdmacm-utils)
 # The FP8 accuracy test (tests/accuracy/, label accuracy) runs Debian's /usr/bin/python3 with
 # numpy, matplotlib (the plot) and sklearn (only for its digits data set, digits.csv.gz).
-test_pkgs=(python3-numpy python3-matplotlib python3-sklearn)
+# The launcher tests start ranks with torchrun (python3-torch) and a real single-machine Slurm
+# (slurm-wlm, munge; tests/launcher/).
+test_pkgs=(python3-numpy python3-matplotlib python3-sklearn python3-torch slurm-wlm munge)
 bench_pkgs=(python3-torch python3-numpy gnuplot-nox python3-matplotlib)
 
 want=("${build_pkgs[@]}" "${test_pkgs[@]}" "${rdma_pkgs[@]}")

@@ -3,11 +3,19 @@
 // The environment contract between chorus-run and the ranks it starts (include/chorus/launch.h).
 #include <chorus/launch.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 
 #include "api/api_util.h"
+#include "bootstrap/bootstrap.h"
+#include "bootstrap/launch_env.h"
+#include "bootstrap/unique_id.h"
+#include "common/bytes.h"
+#include "common/log.h"
 #include "common/params.h"
+#include "net/socket.h"
 
 using namespace chorus;       // NOLINT
 using namespace chorus::api;  // NOLINT
@@ -66,4 +74,64 @@ CHORUS_API ncclResult_t chorusLaunchInfo(ncclUniqueId* id, int* rank, int* nrank
     *nranks = static_cast<int>(nv);
     return Status();
   });
+}
+
+namespace {
+
+// chorusUniqueIdFromEnv's count of calls in this process: the k-th call of every process makes
+// the k-th communicator's id.
+std::atomic<uint64_t> g_env_ids{0};
+
+Status unique_id_from_env(ncclUniqueId* id, int* rank, int* nranks) {
+  if (std::getenv("CHORUS_UNIQUE_ID") != nullptr) {
+    ncclResult_t r = chorusLaunchInfo(id, rank, nranks);
+    return r == ncclSuccess ? Status() : invalid_argument("{}", ncclGetLastError(nullptr));
+  }
+  const bootstrap::EnvLookup env = bootstrap::process_env();
+  CHORUS_ASSIGN_OR_RETURN(bootstrap::LaunchEnv le, bootstrap::read_launch_env(env));
+  CHORUS_ASSIGN_OR_RETURN(net::SockAddr root, net::resolve(le.root_host, le.port));
+  const std::string job = fmt::format("{} #{}", le.job, g_env_ids.fetch_add(1));
+  bool secret_given = false;
+  bootstrap::UniqueId uid;
+  uid.root = root;
+  CHORUS_ASSIGN_OR_RETURN(uid.secret, bootstrap::job_secret(env, job, &secret_given));
+  uid.comm_uid = fnv1a(job) | 1;
+  CHORUS_INFO(kBootstrap, "{} ({}): rank {} of {}, rendezvous at {} ({}){}", le.launcher,
+              le.source, le.rank, le.nranks, root.to_string(), le.root_host,
+              secret_given ? ", job secret given"
+                           : ", no CHORUS_JOB_SECRET(_FILE): keyed by the job's identity only");
+  if (le.rank == 0) {
+    // The root gives up a little before the ranks do (they start waiting at the same moment
+    // here, unlike after ncclGetUniqueId), so that they hear from it which ranks never came.
+    const int64_t timeout = params::kBootstrapTimeoutMs.get();
+    CHORUS_RETURN_IF_ERROR(
+        bootstrap::start_root_at(uid, timeout - std::min<int64_t>(1000, timeout / 10)));
+  }
+  bootstrap::encode_unique_id(uid, id->internal);
+  *rank = le.rank;
+  *nranks = le.nranks;
+  return Status();
+}
+
+}  // namespace
+
+CHORUS_API ncclResult_t chorusUniqueIdFromEnv(ncclUniqueId* id, int* rank, int* nranks) {
+  return guard("chorusUniqueIdFromEnv", [&]() -> Status {
+    if (id == nullptr || rank == nullptr || nranks == nullptr)
+      return invalid_argument("id, rank or nranks is NULL");
+    return unique_id_from_env(id, rank, nranks);
+  });
+}
+
+CHORUS_API ncclResult_t chorusCommInitFromEnv(ncclComm_t* comm, ncclConfig_t* config) {
+  if (comm == nullptr)
+    return guard("chorusCommInitFromEnv",
+                 [] { return invalid_argument("comm (the output pointer) is NULL"); });
+  ncclUniqueId id;
+  int rank = 0, nranks = 0;
+  ncclResult_t r = guard("chorusCommInitFromEnv", [&]() -> Status {
+    return unique_id_from_env(&id, &rank, &nranks);
+  });
+  if (r != ncclSuccess) return r;
+  return ncclCommInitRankConfig(comm, nranks, id, rank, config);
 }

@@ -153,6 +153,20 @@ Result<UniqueId> create_unique_id(int64_t timeout_ms) {
   return id;
 }
 
+Status start_root_at(const UniqueId& id, int64_t timeout_ms) {
+  auto fd = net::listen_socket(id.root, nullptr);
+  if (!fd.ok())
+    return Status(fd.status().code(),
+                  fmt::format("bootstrap: rank 0 cannot listen on the rendezvous address {} ({}); "
+                              "is it this host's, and the port free?",
+                              id.root.to_string(), fd.status().message()));
+  if (timeout_ms <= 0) timeout_ms = params::kBootstrapTimeoutMs.get();
+  CHORUS_RETURN_IF_ERROR(start_root_server(std::move(*fd), id, timeout_ms));
+  CHORUS_INFO(kBootstrap, "bootstrap root listening on {} (from the environment), communicator "
+              "uid {:#x}", id.root.to_string(), id.comm_uid);
+  return Status();
+}
+
 Result<std::vector<std::string>> exchange(const UniqueId& id, int rank, int nranks,
                                           std::string_view blob, Deadline deadline) {
   CHORUS_RETURN_IF_ERROR(check_args(rank, nranks, blob));

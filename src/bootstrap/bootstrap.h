@@ -27,6 +27,11 @@ inline constexpr size_t kMaxBlobBytes = size_t{1} << 20;
 // stops at process exit. Thread-safe.
 Result<UniqueId> create_unique_id(int64_t timeout_ms = 0);
 
+// As create_unique_id, for an id every rank derived alike (chorusCommInitFromEnv's rank 0):
+// the root listens on id.root exactly. kSystemError naming the address when it cannot (the
+// port is taken, or the address is not one of this host's).
+Status start_root_at(const UniqueId& id, int64_t timeout_ms = 0);
+
 // Called once by every rank of the communicator with the same id and nranks. Blocks until the
 // root has every rank's blob, then returns them (index = rank). `blob` <= kMaxBlobBytes.
 // Errors: kInvalidArgument for bad arguments; kRemoteError when the root cannot be reached,

@@ -6,6 +6,7 @@
 
 #include <arpa/inet.h>
 #include <fcntl.h>
+#include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
@@ -336,6 +337,26 @@ Status send_all(int fd, const void* data, size_t bytes, Deadline deadline) {
 Status recv_all(int fd, void* data, size_t bytes, Deadline deadline) {
   return transfer_all(fd, static_cast<char*>(data), bytes, deadline, POLLIN, recv_some,
                       "receiving from");
+}
+
+Result<SockAddr> resolve(std::string_view host, uint16_t port) {
+  std::string name(host);
+  if (auto numeric = SockAddr::parse(name, port); numeric.ok()) return numeric;
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  int rc = getaddrinfo(name.c_str(), nullptr, &hints, &found);
+  if (rc != 0) return invalid_argument("host '{}' does not resolve: {}", name, gai_strerror(rc));
+  Result<SockAddr> best = invalid_argument("host '{}' has no IPv4 or IPv6 address", name);
+  for (int family : {AF_INET, AF_INET6}) {
+    for (addrinfo* a = found; a != nullptr && !best.ok(); a = a->ai_next) {
+      if (a->ai_family != family) continue;
+      best = SockAddr::from_sockaddr(a->ai_addr, a->ai_addrlen);
+    }
+  }
+  freeaddrinfo(found);
+  if (best.ok()) best->set_port(port);
+  return best;
 }
 
 }  // namespace chorus::net

@@ -65,6 +65,10 @@ bool ifname_matches(std::string_view spec, std::string_view name);
 // interfaces that are up) when nothing matches; kSystemError when nothing is up at all.
 Result<Interface> pick_interface();
 
+// `host` (a name or a numeric address) and `port` as an address to connect to: IPv4 first,
+// then IPv6. kInvalidArgument naming the host when it does not resolve.
+Result<SockAddr> resolve(std::string_view host, uint16_t port);
+
 // The rails: with CHORUS_SOCKET_IFNAME set, one address of every interface it matches (of
 // pick_interface()'s family and loopback-ness), in name order, so that hosts cabled alike
 // list their rails alike (rail0, rail1, ...); without it, pick_interface() alone.
