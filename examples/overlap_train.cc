@@ -263,11 +263,12 @@ int main(int argc, char** argv) {
     return 2;
   }
   openblas_set_num_threads(1);
-  ncclUniqueId id;
-  int rank = 0, nranks = 1;
-  CHECK_NCCL(chorusLaunchInfo(&id, &rank, &nranks));
+  // chorus-run, torchrun, mpirun or srun: the communicator comes from the launcher.
   ncclComm_t comm;
-  CHECK_NCCL(ncclCommInitRank(&comm, nranks, id, rank));
+  CHECK_NCCL(chorusCommInitFromEnv(&comm, nullptr));
+  int rank = 0, nranks = 1;
+  CHECK_NCCL(ncclCommUserRank(comm, &rank));
+  CHECK_NCCL(ncclCommCount(comm, &nranks));
   ncclComm_t timing;
   CHECK_NCCL(ncclCommSplit(comm, 0, rank, &timing, nullptr));
   Model m(o, rank);

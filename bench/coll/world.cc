@@ -44,6 +44,22 @@ JoinedWorld join_chorus_run() {
   return j;
 }
 
+// torchrun (env://) or srun without MPI: the id every process derives from the launcher's
+// environment (chorusUniqueIdFromEnv; process 0 serves the rendezvous).
+JoinedWorld join_from_env() {
+  JoinedWorld j;
+  j.world.launcher = Launcher::kEnv;
+  ncclResult_t r = chorusUniqueIdFromEnv(&j.world.id, &j.world.proc, &j.world.nprocs);
+  if (r != ncclSuccess) j.error = last_error("chorusUniqueIdFromEnv", r);
+  return j;
+}
+
+// torchrun's variables, or Slurm's without PMI (srun --mpi=none, the default).
+bool env_launcher() {
+  if (env("RANK") && env("WORLD_SIZE") && env("MASTER_ADDR") && env("MASTER_PORT")) return true;
+  return env("SLURM_PROCID") && env("SLURM_NTASKS");
+}
+
 JoinedWorld join_single() {
   JoinedWorld j;
   ncclResult_t r = ncclGetUniqueId(&j.world.id);
@@ -83,6 +99,8 @@ JoinedWorld join_mpi(int* argc, char*** argv) {
 JoinedWorld join_mpi(int*, char***) {
   const char* variable = mpi_size_variable();
   if (std::strcmp(env(variable), "1") == 0) return join_single();
+  // Open MPI's variables are enough to meet without MPI itself.
+  if (std::strcmp(variable, "OMPI_COMM_WORLD_SIZE") == 0) return join_from_env();
   JoinedWorld j;
   j.error = fmt::format(
       "started by an MPI launcher ({}={}) but built without MPI: use chorus-run -n N, or -t N, "
@@ -99,6 +117,7 @@ const char* launcher_name(Launcher l) {
     case Launcher::kSingle: return "single process";
     case Launcher::kChorusRun: return "chorus-run";
     case Launcher::kMpi: return "mpirun";
+    case Launcher::kEnv: return "torchrun or srun";
   }
   return "?";
 }
@@ -108,6 +127,7 @@ bool built_with_mpi() { return CHORUS_BENCH_HAVE_MPI != 0; }
 JoinedWorld join_world(int* argc, char*** argv) {
   if (env("CHORUS_UNIQUE_ID")) return join_chorus_run();
   if (mpi_size_variable() != nullptr) return join_mpi(argc, argv);
+  if (env_launcher()) return join_from_env();
   return join_single();
 }
 
@@ -126,7 +146,7 @@ void leave_world(const World& world, bool failed) {
 }
 
 bool first_process_by_environment() {
-  for (const char* name : {"CHORUS_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK"}) {
+  for (const char* name : {"CHORUS_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "RANK", "SLURM_PROCID"}) {
     const char* v = env(name);
     if (v != nullptr) return std::strcmp(v, "0") == 0;
   }

@@ -2,7 +2,8 @@
 // File: bench/coll/world.h
 // Which processes take part and the job's one ncclUniqueId: from chorus-run's environment
 // (chorusLaunchInfo), from mpirun (MPI_Init, then MPI_Bcast of the id from process 0; nothing
-// else uses MPI), or a single process that creates the id itself.
+// else uses MPI), from torchrun's or srun's environment (chorusUniqueIdFromEnv), or a single
+// process that creates the id itself.
 #pragma once
 
 #include <nccl.h>
@@ -11,7 +12,7 @@
 
 namespace chorus::bench {
 
-enum class Launcher { kSingle, kChorusRun, kMpi };
+enum class Launcher { kSingle, kChorusRun, kMpi, kEnv };
 const char* launcher_name(Launcher l);
 
 struct World {
