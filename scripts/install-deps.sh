@@ -21,8 +21,10 @@ rdma_pkgs=(qemu-system-x86 busybox-static xz-utils perftest rdmacm-utils)
 # The FP8 accuracy test (tests/accuracy/, label accuracy) runs Debian's /usr/bin/python3 with
 # numpy, matplotlib (the plot) and sklearn (only for its digits data set, digits.csv.gz).
 # The launcher tests start ranks with torchrun (python3-torch) and a real single-machine Slurm
-# (slurm-wlm, munge; tests/launcher/).
-test_pkgs=(python3-numpy python3-matplotlib python3-sklearn python3-torch slurm-wlm munge)
+# (slurm-wlm, munge; tests/launcher/). The torch.distributed backend (bindings/torch) builds
+# against libtorch-dev and pybind11-dev.
+test_pkgs=(python3-numpy python3-matplotlib python3-sklearn python3-torch slurm-wlm munge
+           libtorch-dev pybind11-dev)
 bench_pkgs=(python3-torch python3-numpy gnuplot-nox python3-matplotlib)
 
 want=("${build_pkgs[@]}" "${test_pkgs[@]}" "${rdma_pkgs[@]}")

@@ -1,0 +1,131 @@
+// SPDX-License-Identifier: Apache-2.0
+// File: bindings/torch/csrc/process_group.h
+// The torch.distributed backend "chorus" (torch 1.13, CPU tensors): a c10d::ProcessGroup whose
+// operations are Chorus's NCCL API calls.
+//
+// Every operation is queued and returns at once with a Work; one thread per group runs the
+// queue in issue order (the order every rank issues them in, as NCCL requires), each call with
+// the NULL stream, so it has completed when the call returns. The Work's future then completes
+// with the output tensors, or with the call's error (the NCCL result and ncclGetLastError's
+// text, which names the operation and the peer). DistributedDataParallel chains its buckets on
+// those futures. batch_isend_irecv (startCoalescing .. endCoalescing) runs its sends and
+// receives as one ncclGroupStart/End, so rings of them cannot deadlock; isend/irecv outside a
+// batch run one by one, as with NCCL.
+//
+// The unique id travels through the group's Store (rank 0 sets it, the others get it, within the
+// store's timeout), so every group, new_group's included, has a communicator of its own.
+#pragma once
+
+#include <nccl.h>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+#include <torch/csrc/distributed/c10d/Work.hpp>
+
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace chorus::torch_backend {
+
+// The Work of one queued operation; completes with its outputs or the call's error.
+class ChorusWork : public c10d::Work {
+ public:
+  ChorusWork(int rank, c10d::OpType type, const char* title, std::vector<at::Tensor> outputs);
+
+  bool isCompleted() override;
+  bool isSuccess() const override;
+  std::exception_ptr exception() const override;
+  std::vector<at::Tensor> result() override;
+  // Blocks until done (or `timeout`, then throws); rethrows the operation's error.
+  bool wait(std::chrono::milliseconds timeout = kNoTimeout) override;
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override;
+
+  // Called once, by the group's thread.
+  void complete(std::exception_ptr error);
+
+ private:
+  std::vector<at::Tensor> outputs_;
+  c10::intrusive_ptr<c10::ivalue::Future> future_;
+};
+
+class ProcessGroupChorus : public c10d::ProcessGroup {
+ public:
+  // Joins the group's communicator: rank 0 makes the unique id and publishes it in `store`.
+  ProcessGroupChorus(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+                     std::chrono::milliseconds timeout);
+  ~ProcessGroupChorus() override;
+
+  const std::string getBackendName() const override { return "chorus"; }
+
+  c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
+                                           const c10d::BroadcastOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
+                                           const c10d::AllreduceOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allreduce_coalesced(
+      std::vector<at::Tensor>& tensors, const c10d::AllreduceCoalescedOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> reduce(std::vector<at::Tensor>& tensors,
+                                        const c10d::ReduceOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allgather(std::vector<std::vector<at::Tensor>>& outputs,
+                                           std::vector<at::Tensor>& inputs,
+                                           const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> _allgather_base(at::Tensor& output, at::Tensor& input,
+                                                 const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> gather(std::vector<std::vector<at::Tensor>>& outputs,
+                                        std::vector<at::Tensor>& inputs,
+                                        const c10d::GatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> scatter(std::vector<at::Tensor>& outputs,
+                                         std::vector<std::vector<at::Tensor>>& inputs,
+                                         const c10d::ScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> reduce_scatter(std::vector<at::Tensor>& outputs,
+                                                std::vector<std::vector<at::Tensor>>& inputs,
+                                                const c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(
+      at::Tensor& output, at::Tensor& input, const c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> alltoall_base(at::Tensor& output, at::Tensor& input,
+                                               std::vector<int64_t>& output_splits,
+                                               std::vector<int64_t>& input_splits,
+                                               const c10d::AllToAllOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> alltoall(std::vector<at::Tensor>& outputs,
+                                          std::vector<at::Tensor>& inputs,
+                                          const c10d::AllToAllOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int dst, int tag) override;
+  c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int src, int tag) override;
+  c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors, int tag) override;
+  c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override;
+
+  void startCoalescing() override;
+  void endCoalescing(std::vector<c10::intrusive_ptr<c10d::Work>>& reqs) override;
+
+ private:
+  // What the group's thread runs for one Work: NCCL calls (their result checked), then the
+  // copies back into the caller's tensors.
+  struct Job {
+    c10::intrusive_ptr<ChorusWork> work;
+    std::function<void()> run;  // throws std::runtime_error with Chorus's message
+  };
+
+  c10::intrusive_ptr<c10d::Work> enqueue(c10d::OpType type, const char* title,
+                                         std::vector<at::Tensor> outputs, std::function<void()> run);
+  void loop();
+  // Throws, naming `what`, when `r` is not ncclSuccess.
+  void check(ncclResult_t r, const char* what) const;
+
+  ncclComm_t comm_ = nullptr;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Job> queue_;
+  bool stop_ = false;
+  bool failed_ = false;  // an operation failed: destroy aborts instead of finalizing
+  // Between startCoalescing and endCoalescing: the jobs of a batch, run as one group.
+  bool coalescing_ = false;
+  std::vector<Job> batch_;
+  std::thread thread_;
+};
+
+}  // namespace chorus::torch_backend
