@@ -28,7 +28,25 @@ PYBIND11_MODULE(_C, m) {
   py::class_<ProcessGroupChorus, c10d::ProcessGroup, c10::intrusive_ptr<ProcessGroupChorus>>(
       m, "ProcessGroupChorus")
       .def(py::init(&create), py::arg("store"), py::arg("rank"), py::arg("size"),
-           py::arg("timeout"), py::call_guard<py::gil_scoped_release>());
+           py::arg("timeout"), py::call_guard<py::gil_scoped_release>())
+      .def(
+          "allreduce_compressed",
+          [](ProcessGroupChorus& pg, at::Tensor& tensor, int64_t key, const std::string& format,
+             int block_size, bool error_feedback, bool average) {
+            TORCH_CHECK(format == "e4m3" || format == "e5m2",
+                        "chorus: format must be 'e4m3' or 'e5m2', not '", format, "'");
+            ProcessGroupChorus::CompressOptions o;
+            o.e5m2 = format == "e5m2";
+            o.block_size = block_size;
+            o.error_feedback = error_feedback;
+            o.average = average;
+            return pg.allreduce_compressed(tensor, key, o);
+          },
+          py::arg("tensor"), py::arg("key") = 0, py::arg("format") = "e4m3",
+          py::arg("block_size") = 128, py::arg("error_feedback") = true,
+          py::arg("average") = true, py::call_guard<py::gil_scoped_release>(),
+          "FP8 AllReduce (in place) of a float, bfloat16 or half tensor; returns a Work. `key` "
+          "names the tensor across steps (its error-feedback residual).");
   m.def("create_process_group", &create, py::arg("store"), py::arg("rank"), py::arg("size"),
         py::arg("timeout"), py::call_guard<py::gil_scoped_release>(),
         "What torch.distributed calls to make a group of backend 'chorus'.");

@@ -2,6 +2,8 @@
 // File: bindings/torch/csrc/process_group.cc
 #include "process_group.h"
 
+#include <chorus/compress.h>
+
 #include <Python.h>
 #include <pybind11/pybind11.h>
 
@@ -210,6 +212,7 @@ ProcessGroupChorus::~ProcessGroupChorus() {
   cv_.notify_all();
   without_gil([&] {
     if (thread_.joinable()) thread_.join();
+    compressors_.clear();
     // A failed operation may have left peers half way: abort (bounded) rather than finalize.
     if (comm_ != nullptr) (failed_ ? ncclCommAbort(comm_) : ncclCommDestroy(comm_));
   });
@@ -674,6 +677,45 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupChorus::recv(std::vector<at::Tensor>&
   return enqueue(c10d::OpType::RECV, "chorus:recv", {t}, [this, t, src] {
     Flat f(t);
     check(ncclRecv(f.data(), f.count(), nccl_type(t), src, comm_, nullptr), "ncclRecv");
+    f.copy_back();
+  });
+}
+
+struct ProcessGroupChorus::Compressor {
+  chorusCompressor_t handle = nullptr;
+  int64_t count = -1;
+  at::ScalarType type = at::kFloat;
+  ~Compressor() {
+    if (handle != nullptr) chorusCompressorDestroy(handle);
+  }
+};
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupChorus::allreduce_compressed(
+    at::Tensor& tensor, int64_t key, const CompressOptions& options) {
+  check_tensor(tensor, "allreduce_compressed");
+  const auto type = tensor.scalar_type();
+  TORCH_CHECK(type == at::kFloat || type == at::kBFloat16 || type == at::kHalf,
+              "chorus: FP8 compression takes float, bfloat16 or half tensors, not ", type);
+  at::Tensor t = tensor;
+  return enqueue(c10d::OpType::ALLREDUCE, "chorus:all_reduce_fp8", {t}, [this, t, key, options] {
+    std::unique_ptr<Compressor>& c = compressors_[key];
+    if (!c) {
+      c = std::make_unique<Compressor>();
+      chorusCompressConfig_t config = CHORUS_COMPRESS_CONFIG_INIT;
+      config.format = options.e5m2 ? chorusFp8E5M2 : chorusFp8E4M3;
+      config.blockSize = static_cast<unsigned>(options.block_size);
+      config.errorFeedback = options.error_feedback ? 1 : 0;
+      check(chorusCompressorCreate(&config, &c->handle), "chorusCompressorCreate");
+    }
+    Flat f(t);
+    if (c->count != static_cast<int64_t>(f.count()) || c->type != t.scalar_type()) {
+      if (c->count >= 0) check(chorusCompressorReset(c->handle), "chorusCompressorReset");
+      c->count = static_cast<int64_t>(f.count());
+      c->type = t.scalar_type();
+    }
+    check(chorusAllReduceCompressed(f.data(), f.data(), f.count(), nccl_type(t),
+                                    options.average ? ncclAvg : ncclSum, c->handle, comm_, nullptr),
+          "chorusAllReduceCompressed");
     f.copy_back();
   });
 }

@@ -25,6 +25,7 @@
 #include <condition_variable>
 #include <deque>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -99,6 +100,20 @@ class ProcessGroupChorus : public c10d::ProcessGroup {
   c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors, int tag) override;
   c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override;
 
+  // FP8 AllReduce of one gradient bucket (chorusAllReduceCompressed), for the DDP hook
+  // chorus_torch.hooks.fp8_hook. Each `key` (a bucket's index) has a compressor of its own,
+  // so its error-feedback residual follows that bucket from step to step; when the bucket's
+  // size or type changes (DDP rebuilds its buckets after the first step) the residual starts
+  // again from zero. `average`: ncclAvg, else ncclSum.
+  struct CompressOptions {
+    bool e5m2 = false;
+    int block_size = 128;
+    bool error_feedback = true;
+    bool average = true;
+  };
+  c10::intrusive_ptr<c10d::Work> allreduce_compressed(at::Tensor& tensor, int64_t key,
+                                                      const CompressOptions& options);
+
   void startCoalescing() override;
   void endCoalescing(std::vector<c10::intrusive_ptr<c10d::Work>>& reqs) override;
 
@@ -126,6 +141,9 @@ class ProcessGroupChorus : public c10d::ProcessGroup {
   bool coalescing_ = false;
   std::vector<Job> batch_;
   std::thread thread_;
+  // allreduce_compressed's compressors, by key; used on the group's thread only.
+  struct Compressor;
+  std::map<int64_t, std::unique_ptr<Compressor>> compressors_;
 };
 
 }  // namespace chorus::torch_backend
