@@ -15,6 +15,7 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
+from . import _C
 from ._C import ProcessGroupChorus
 
 
@@ -34,4 +35,79 @@ def fp8_hook(state: FP8State, bucket: dist.GradBucket) -> torch.futures.Future[t
     work = pg.allreduce_compressed(bucket.buffer(), key=bucket.index(), format=state.format,
                                    block_size=state.block_size,
                                    error_feedback=state.error_feedback, average=True)
+    return work.get_future().then(lambda fut: fut.value()[0])
+
+
+class OverlapState:
+    """Settings and state of overlap_hook.
+
+    policy: "priority" (the buckets of the first layers of the forward pass first, so the next
+    forward pass can start on them) or "fifo" (as they became ready, as DDP does); fp8: the
+    buckets travel as FP8 with error feedback; bucket_bytes / partition_bytes: the scheduler's
+    fusion cap and partition size (0 / -1: its defaults, 4 MiB each).
+    """
+
+    def __init__(self, process_group: Optional[dist.ProcessGroup] = None, policy: str = "priority",
+                 fp8: bool = False, bucket_bytes: int = 0, partition_bytes: int = -1):
+        if policy not in ("priority", "fifo"):
+            raise ValueError(f"policy must be 'priority' or 'fifo', not {policy!r}")
+        self.process_group = process_group
+        self.options = _C.OverlapOptions()
+        self.options.fifo = policy == "fifo"
+        self.options.fp8 = fp8
+        self.options.bucket_bytes = bucket_bytes
+        self.options.partition_bytes = partition_bytes
+        self._layout = None       # the buckets the scheduler has: [(data_ptr, numel, dtype)]
+        self._previous = None     # the layout of the last step learnt without the scheduler
+        self._step = []           # this step's buckets so far: (index, buffer)
+        self._setup = None        # the Work that makes the scheduler, until waited for
+        self.scheduled_steps = 0  # steps whose buckets went through the scheduler
+
+
+def _key(buf):
+    return (buf.data_ptr(), buf.numel(), buf.dtype)
+
+
+def overlap_hook(state: OverlapState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """Hands DDP's buckets to Chorus's overlap scheduler (<chorus/overlap.h>).
+
+    The scheduler needs every bucket registered before a step starts, and DDP settles its
+    buckets only after the first step (it rebuilds them in the order gradients became ready).
+    So steps run as plain averaged AllReduces until two steps in a row show the same buckets;
+    then the scheduler is made with them (on every rank at the same point) and takes every
+    step after. A later change of buckets between steps goes back to learning; within a step it
+    is an error.
+    """
+    pg = state.process_group or dist.distributed_c10d._get_default_group()
+    if not isinstance(pg, ProcessGroupChorus):
+        raise RuntimeError("chorus_torch.hooks.overlap_hook needs a 'chorus' process group, not "
+                           f"{type(pg).__name__}")
+    buf = bucket.buffer()
+    index = bucket.index()
+    first_of_step = not state._step
+    state._step.append((index, buf))
+    last = bucket.is_last()
+    if state._layout is not None:
+        known = index < len(state._layout) and state._layout[index] == _key(buf)
+        if not known and not first_of_step:
+            raise RuntimeError(f"chorus overlap_hook: bucket {index} changed within a step")
+        if known:
+            if state._setup is not None:
+                state._setup.wait()
+                state._setup = None
+            work = pg.overlap_ready(buf)
+            if last:
+                state._step = []
+                state.scheduled_steps += 1
+            return work.get_future().then(lambda fut: fut.value()[0])
+        state._layout = None  # DDP rebuilt its buckets: learn them again
+    work = dist.all_reduce(buf, op=dist.ReduceOp.AVG, group=pg, async_op=True)
+    if last:
+        layout = [_key(b) for _, b in sorted(state._step, key=lambda ib: ib[0])]
+        if layout == state._previous:
+            buffers = [b for _, b in sorted(state._step, key=lambda ib: ib[0])]
+            state._setup = pg.overlap_setup(buffers, state.options)
+            state._layout = layout
+        state._previous = layout
+        state._step = []
     return work.get_future().then(lambda fut: fut.value()[0])

@@ -29,6 +29,12 @@ PYBIND11_MODULE(_C, m) {
       m, "ProcessGroupChorus")
       .def(py::init(&create), py::arg("store"), py::arg("rank"), py::arg("size"),
            py::arg("timeout"), py::call_guard<py::gil_scoped_release>())
+      .def("overlap_setup", &ProcessGroupChorus::overlap_setup, py::arg("buckets"),
+           py::arg("options"), py::call_guard<py::gil_scoped_release>(),
+           "Queues the (re)making of the overlap scheduler with these bucket buffers; a Work.")
+      .def("overlap_ready", &ProcessGroupChorus::overlap_ready, py::arg("bucket"),
+           py::call_guard<py::gil_scoped_release>(),
+           "Hands one bucket to the overlap scheduler; a Work done when it is reduced.")
       .def(
           "allreduce_compressed",
           [](ProcessGroupChorus& pg, at::Tensor& tensor, int64_t key, const std::string& format,
@@ -47,6 +53,12 @@ PYBIND11_MODULE(_C, m) {
           py::arg("average") = true, py::call_guard<py::gil_scoped_release>(),
           "FP8 AllReduce (in place) of a float, bfloat16 or half tensor; returns a Work. `key` "
           "names the tensor across steps (its error-feedback residual).");
+  py::class_<ProcessGroupChorus::OverlapOptions>(m, "OverlapOptions")
+      .def(py::init<>())
+      .def_readwrite("fifo", &ProcessGroupChorus::OverlapOptions::fifo)
+      .def_readwrite("fp8", &ProcessGroupChorus::OverlapOptions::fp8)
+      .def_readwrite("bucket_bytes", &ProcessGroupChorus::OverlapOptions::bucket_bytes)
+      .def_readwrite("partition_bytes", &ProcessGroupChorus::OverlapOptions::partition_bytes);
   m.def("create_process_group", &create, py::arg("store"), py::arg("rank"), py::arg("size"),
         py::arg("timeout"), py::call_guard<py::gil_scoped_release>(),
         "What torch.distributed calls to make a group of backend 'chorus'.");

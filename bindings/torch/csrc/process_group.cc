@@ -3,6 +3,7 @@
 #include "process_group.h"
 
 #include <chorus/compress.h>
+#include <chorus/overlap.h>
 
 #include <Python.h>
 #include <pybind11/pybind11.h>
@@ -213,6 +214,7 @@ ProcessGroupChorus::~ProcessGroupChorus() {
   without_gil([&] {
     if (thread_.joinable()) thread_.join();
     compressors_.clear();
+    overlap_.reset();
     // A failed operation may have left peers half way: abort (bounded) rather than finalize.
     if (comm_ != nullptr) (failed_ ? ncclCommAbort(comm_) : ncclCommDestroy(comm_));
   });
@@ -718,6 +720,98 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupChorus::allreduce_compressed(
           "chorusAllReduceCompressed");
     f.copy_back();
   });
+}
+
+struct ProcessGroupChorus::Overlap {
+  ncclComm_t comm = nullptr;
+  chorusOverlap_t scheduler = nullptr;
+  std::vector<at::Tensor> buckets;  // kept alive: the scheduler holds their addresses
+  std::mutex mu;
+  std::condition_variable cv;
+  std::deque<std::pair<c10::intrusive_ptr<ChorusWork>, void*>> waiting;
+  bool stop = false;
+  std::thread waiter;
+
+  // Waits for each readied bucket in turn and completes its Work.
+  void wait_loop(const ProcessGroupChorus* pg) {
+    for (;;) {
+      std::pair<c10::intrusive_ptr<ChorusWork>, void*> next;
+      {
+        std::unique_lock<std::mutex> lock(mu);
+        cv.wait(lock, [&] { return stop || !waiting.empty(); });
+        if (waiting.empty()) return;
+        next = std::move(waiting.front());
+        waiting.pop_front();
+      }
+      std::exception_ptr error;
+      try {
+        pg->check(chorusOverlapWait(scheduler, next.second), "chorusOverlapWait");
+      } catch (...) {
+        error = std::current_exception();
+      }
+      next.first->complete(error);
+    }
+  }
+
+  ~Overlap() {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      stop = true;
+    }
+    cv.notify_all();
+    if (waiter.joinable()) waiter.join();
+    if (scheduler != nullptr) chorusOverlapDestroy(scheduler);
+    if (comm != nullptr) ncclCommDestroy(comm);
+  }
+};
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupChorus::overlap_setup(std::vector<at::Tensor> buckets,
+                                                                 const OverlapOptions& options) {
+  TORCH_CHECK(!buckets.empty(), "chorus: overlap_setup of no buckets");
+  for (auto& b : buckets) {
+    check_tensor(b, "overlap_setup");
+    TORCH_CHECK(b.is_contiguous(), "chorus: overlap_setup: bucket buffers are contiguous");
+  }
+  return enqueue(c10d::OpType::UNKNOWN, "chorus:overlap_setup", {}, [this, buckets, options] {
+    overlap_.reset();  // the previous scheduler's buckets are all reduced: DDP waited for them
+    auto o = std::make_unique<Overlap>();
+    check(ncclCommSplit(comm_, 0, getRank(), &o->comm, nullptr), "ncclCommSplit (overlap)");
+    chorusOverlapConfig_t config;
+    check(chorusOverlapConfigInit(&config), "chorusOverlapConfigInit");
+    config.policy = options.fifo ? chorusOverlapFifo : chorusOverlapPriority;
+    config.op = ncclAvg;
+    if (options.bucket_bytes > 0) config.bucketBytes = static_cast<size_t>(options.bucket_bytes);
+    if (options.partition_bytes >= 0)
+      config.partitionBytes = static_cast<size_t>(options.partition_bytes);
+    chorusCompressConfig_t fp8 = CHORUS_COMPRESS_CONFIG_INIT;
+    fp8.errorFeedback = 1;
+    if (options.fp8) config.compress = &fp8;
+    check(chorusOverlapCreate(o->comm, &config, &o->scheduler), "chorusOverlapCreate");
+    const int n = static_cast<int>(buckets.size());
+    for (int i = 0; i < n; ++i)
+      check(chorusOverlapRegister(o->scheduler, buckets[i].data_ptr(), buckets[i].numel(),
+                                  nccl_type(buckets[i]), n - 1 - i),
+            "chorusOverlapRegister");
+    o->buckets = buckets;
+    Overlap* raw = o.get();
+    o->waiter = std::thread([raw, this] { raw->wait_loop(this); });
+    overlap_ = std::move(o);
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupChorus::overlap_ready(at::Tensor& bucket) {
+  TORCH_CHECK(overlap_ != nullptr, "chorus: overlap_ready before overlap_setup completed");
+  auto work = c10::make_intrusive<ChorusWork>(getRank(), c10d::OpType::ALLREDUCE,
+                                              "chorus:overlap_bucket", std::vector<at::Tensor>{bucket});
+  Overlap& o = *overlap_;
+  check(chorusOverlapReady(o.scheduler, bucket.data_ptr(), bucket.numel(), nccl_type(bucket)),
+        "chorusOverlapReady");
+  {
+    std::lock_guard<std::mutex> lock(o.mu);
+    o.waiting.emplace_back(work, bucket.data_ptr());
+  }
+  o.cv.notify_one();
+  return work;
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupChorus::recvAnysource(std::vector<at::Tensor>&, int) {

@@ -114,6 +114,21 @@ class ProcessGroupChorus : public c10d::ProcessGroup {
   c10::intrusive_ptr<c10d::Work> allreduce_compressed(at::Tensor& tensor, int64_t key,
                                                       const CompressOptions& options);
 
+  // The overlap scheduler for the DDP hook chorus_torch.hooks.overlap_hook
+  // (<chorus/overlap.h>). overlap_setup, queued like an operation, (re)makes the scheduler
+  // over a communicator split from the group's, with `buckets` registered in DDP's order (the
+  // last bucket holds the first layers: it gets layer 0, the highest priority).
+  // overlap_ready hands it one bucket and returns a Work that completes when the bucket's
+  // reduction has, on a thread that waits for the buckets in the order they were readied.
+  struct OverlapOptions {
+    bool fifo = false;
+    bool fp8 = false;
+    int64_t bucket_bytes = 0, partition_bytes = -1;  // 0 / -1: the scheduler's defaults
+  };
+  c10::intrusive_ptr<c10d::Work> overlap_setup(std::vector<at::Tensor> buckets,
+                                               const OverlapOptions& options);
+  c10::intrusive_ptr<c10d::Work> overlap_ready(at::Tensor& bucket);
+
   void startCoalescing() override;
   void endCoalescing(std::vector<c10::intrusive_ptr<c10d::Work>>& reqs) override;
 
@@ -144,6 +159,9 @@ class ProcessGroupChorus : public c10d::ProcessGroup {
   // allreduce_compressed's compressors, by key; used on the group's thread only.
   struct Compressor;
   std::map<int64_t, std::unique_ptr<Compressor>> compressors_;
+  // overlap_setup's scheduler and its communicator; the waiter thread and its queue.
+  struct Overlap;
+  std::unique_ptr<Overlap> overlap_;
 };
 
 }  // namespace chorus::torch_backend

@@ -1,0 +1,145 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
+#
+# Runs the Chorus torch.distributed backend tests under torchrun, 3 ranks each:
+#   collectives_test.py  every collective x dtype x op vs gloo / a local reference
+#   ddp_test.py          DDP training (plain and with allreduce_hook) matches gloo, ranks bit-identical
+#   dead_rank_test.py    a dead rank becomes a prompt RuntimeError naming it
+#   init_methods_test.py tcp:// and file:// bootstrap (plain processes, no torchrun)
+# Prints "ok <test>" or "FAIL <test>" per test and exits non-zero if any failed.
+#
+# Usage: tests/torch/run_torch_tests.sh <build-dir>
+#   env CHORUS_TORCH_BACKEND_UNDER_TEST=gloo  run against gloo alone (develops the tests without the
+#                                             chorus backend; then <build-dir>/bindings/torch need not exist)
+#   env NPROC=3 (ranks), TEST_TIMEOUT=240 (seconds per test), KEEP_LOGS=1 (print log dir)
+# Skips (exit 0, "skip: ...") only when /usr/bin/python3 cannot import torch, or (chorus mode) when
+# <build-dir>/bindings/torch/chorus_torch does not exist.
+#
+# torchrun is launched as `/usr/bin/python3 -m torch.distributed.run` (the Debian torch lives there,
+# not in the python3 on PATH) with `--redirects 9:1 --tee 9:1`, which dodges torchrun's Python 3.11
+# crash in Std.from_str (pytorch#92319): a mapping for a non-existent local rank leaves all real ranks
+# un-redirected.
+set -u
+
+BUILD=${1:-}
+if [ -z "$BUILD" ]; then
+    echo "usage: $0 <build-dir>" >&2
+    exit 2
+fi
+BUILD=$(cd "$BUILD" 2>/dev/null && pwd || echo "$BUILD")
+HERE=$(cd "$(dirname "$0")" && pwd)
+PY=/usr/bin/python3
+UT=${CHORUS_TORCH_BACKEND_UNDER_TEST:-chorus}
+NPROC=${NPROC:-3}
+TEST_TIMEOUT=${TEST_TIMEOUT:-240}
+
+if ! "$PY" -c 'import torch, torch.distributed' >/dev/null 2>&1; then
+    echo "skip: $PY cannot import torch"
+    exit 0
+fi
+if [ "$UT" = chorus ] && [ ! -e "$BUILD/bindings/torch/chorus_torch" ] \
+        && ! ls "$BUILD"/bindings/torch/chorus_torch*.so >/dev/null 2>&1; then
+    echo "skip: $BUILD/bindings/torch/chorus_torch does not exist (chorus torch backend not built)"
+    exit 0
+fi
+
+export PYTHONPATH="$BUILD/bindings/torch${PYTHONPATH:+:$PYTHONPATH}"
+export CHORUS_TORCH_BACKEND_UNDER_TEST="$UT"
+LOGDIR=$(mktemp -d "${TMPDIR:-/tmp}/chorus-torch-tests.XXXXXX")
+
+# A free TCP port near a base derived from our pid, so concurrent runs on one host don't collide.
+free_port() {
+    "$PY" - "$1" <<'PYEOF'
+import socket, sys
+base = int(sys.argv[1])
+for p in list(range(base, 60000)) + list(range(20000, base)):
+    # torchrun needs the port itself; the workers' gloo/chorus listeners use ephemeral ports.
+    s = socket.socket()
+    try:
+        s.bind(("127.0.0.1", p))
+        print(p)
+        break
+    except OSError:
+        pass
+    finally:
+        s.close()
+PYEOF
+}
+PORT_BASE=$((20000 + ($$ * 7) % 30000))
+
+run_torchrun() {  # <log> <script> [args...]
+    local log=$1 script=$2
+    shift 2
+    local port
+    port=$(free_port "$PORT_BASE")
+    PORT_BASE=$((port + 1))
+    timeout -k 10 "$TEST_TIMEOUT" "$PY" -m torch.distributed.run --nproc_per_node "$NPROC" \
+        --redirects 9:1 --tee 9:1 --master_addr 127.0.0.1 --master_port "$port" \
+        "$HERE/$script" --backend-under-test "$UT" "$@" >"$log" 2>&1
+}
+
+FAILED=0
+report() {  # <name> <ok:0|1> <log> [why]
+    if [ "$2" = 0 ]; then
+        echo "ok   $1"
+    else
+        echo "FAIL $1${4:+ ($4)}"
+        echo "---- last lines of $3:"
+        grep -v -e 'UserWarning' -e '^  warnings.warn' "$3" | tail -40
+        echo "----"
+        FAILED=1
+    fi
+}
+
+echo "torch tests: backend under test '$UT', $NPROC ranks, build $BUILD, logs in $LOGDIR"
+
+# collectives: every rank must print its final line, and torchrun must exit 0
+log=$LOGDIR/collectives.log
+run_torchrun "$log" collectives_test.py; rc=$?
+n=$(grep -c '^collectives test: [0-9]* checks passed on rank' "$log")
+if [ $rc = 0 ] && [ "$n" = "$NPROC" ]; then report collectives_test 0 "$log"; grep -h '^collectives test:' "$log" | head -1
+else report collectives_test 1 "$log" "rc=$rc, $n/$NPROC ranks passed"; fi
+
+log=$LOGDIR/ddp.log
+run_torchrun "$log" ddp_test.py; rc=$?
+n=$(grep -c '^ddp test: OK on rank' "$log")
+if [ $rc = 0 ] && [ "$n" = "$NPROC" ]; then report ddp_test 0 "$log"
+else report ddp_test 1 "$log" "rc=$rc, $n/$NPROC ranks OK"; fi
+
+# dead rank: torchrun's exit status reflects the deliberate death, so judge by the survivors' lines.
+if [ "$NPROC" -ge 3 ]; then
+    log=$LOGDIR/dead_rank.log
+    run_torchrun "$log" dead_rank_test.py; rc=$?
+    n=$(grep -c '^dead rank test: OK on rank' "$log")
+    if [ "$n" = $((NPROC - 1)) ]; then report dead_rank_test 0 "$log"; grep -h 'RuntimeError after' "$log" | head -1
+    else report dead_rank_test 1 "$log" "$n/$((NPROC - 1)) survivors OK, torchrun rc=$rc"; fi
+else
+    echo "skip dead_rank_test (needs >= 3 ranks)"
+fi
+
+# tcp:// and file:// init: NPROC plain processes with explicit --rank/--world-size (torchrun would
+# only ever exercise env://).
+run_plain() {  # <log> <init-method>
+    local log=$1 method=$2 pids=() r rc=0
+    : >"$log"
+    for r in $(seq 0 $((NPROC - 1))); do
+        timeout -k 10 "$TEST_TIMEOUT" "$PY" "$HERE/init_methods_test.py" --backend-under-test "$UT" \
+            --init-method "$method" --rank "$r" --world-size "$NPROC" >>"$log" 2>&1 &
+        pids+=($!)
+    done
+    for r in "${pids[@]}"; do wait "$r" || rc=1; done
+    return $rc
+}
+port=$(free_port "$PORT_BASE")
+for method in "tcp://127.0.0.1:$port" "file://$LOGDIR/filestore"; do
+    name="init_methods_test ${method%%://*}://"
+    log=$LOGDIR/init_${method%%://*}.log
+    run_plain "$log" "$method"; rc=$?
+    n=$(grep -c '^init methods test: OK on rank' "$log")
+    if [ $rc = 0 ] && [ "$n" = "$NPROC" ]; then report "$name" 0 "$log"
+    else report "$name" 1 "$log" "rc=$rc, $n/$NPROC ranks OK"; fi
+done
+
+if [ "$FAILED" = 0 ] && [ -z "${KEEP_LOGS:-}" ]; then rm -rf "$LOGDIR"; fi
+[ "$FAILED" = 0 ] && echo "torch tests: all passed" || echo "torch tests: FAILED (logs in $LOGDIR)"
+exit $FAILED
