@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // File: tests/unit/log_test.cc
 // The logger's setup from the environment: a TRACE request in a build without TRACE lines
-// says so once, instead of silently logging at INFO.
+// says so once, instead of silently logging at INFO. The subsystem of API errors.
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
@@ -9,6 +9,9 @@
 #include <cstdlib>
 #include <string>
 
+#include <nccl.h>
+
+#include "api/api_util.h"
 #include "common/log.h"
 #include "common/params.h"
 
@@ -58,6 +61,42 @@ TEST_CASE("TRACE without TRACE lines compiled in says how to get them, once", "[
                       "this build has no TRACE lines: logging at INFO. Rebuild with cmake "
                       "-DCHORUS_ENABLE_TRACE=ON") == 1);
   }
+}
+
+TEST_CASE("argument errors are logged under the subsystem of the call", "[unit][log]") {
+  // A bad count passed to ncclAllReduce is a COLL matter, not INIT (as it was for every call).
+  CHECK(api::subsys_of("ncclAllReduce") == kColl);
+  CHECK(api::subsys_of("ncclSend") == kColl);
+  CHECK(api::subsys_of("ncclGroupEnd") == kColl);
+  CHECK(api::subsys_of("ncclRedOpCreatePreMulSum") == kColl);
+  CHECK(api::subsys_of("chorusAllReduceCompressed") == kColl);
+  CHECK(api::subsys_of("ncclCommInitRank") == kInit);
+  CHECK(api::subsys_of("ncclCommDestroy") == kInit);
+  CHECK(api::subsys_of("ncclGetUniqueId") == kInit);
+  CHECK(api::subsys_of("ncclMemAlloc") == kAlloc);
+  CHECK(api::subsys_of("ncclCommRegister") == kAlloc);
+  CHECK(api::subsys_of("ncclCommWindowRegister") == kAlloc);
+  CHECK(api::subsys_of("chorusOverlapRegister") == kSched);
+  CHECK(api::subsys_of("chorusOverlapWait") == kSched);
+
+  // And through the API: a NULL communicator given to a collective.
+  char path[] = "/tmp/chorus_log_test_XXXXXX";
+  int fd = mkstemp(path);
+  REQUIRE(fd >= 0);
+  close(fd);
+  setenv("CHORUS_DEBUG_FILE", path, 1);
+  params::reload_for_testing();
+  reset();
+  float x = 0;
+  CHECK(ncclAllReduce(&x, &x, 1, ncclFloat, ncclSum, nullptr, nullptr) == ncclInvalidArgument);
+  unsetenv("CHORUS_DEBUG_FILE");
+  params::reload_for_testing();
+  reset();
+  std::string text = read_file(path);
+  unlink(path);
+  INFO(text);
+  CHECK(count(text, "CHORUS WARN COLL ncclAllReduce failed") == 1);
+  CHECK(count(text, " INIT ") == 0);
 }
 
 }  // namespace
