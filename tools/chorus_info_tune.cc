@@ -84,7 +84,7 @@ Result<algo::CostModel> measure(const char* transport, bool processes) {
 }  // namespace
 
 void print_tuner() {
-  fmt::print("Tuner (src/algo/tuner.h): predicted time = rounds x alpha + extra messages x "
+  fmt::print("Tuner: predicted time = rounds x alpha + extra messages x "
              "alpha/4 + wire bytes / beta + reduced bytes / gamma; the cheapest algorithm wins.\n"
              "  Parameters: measured when each communicator is created (CHORUS_TUNER={}), or "
              "read from CHORUS_TUNER_FILE='{}'; CHORUS_ALGO='{}' forces algorithms.\n",

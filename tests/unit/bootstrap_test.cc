@@ -133,6 +133,10 @@ TEST_CASE("SockAddr parses, prints and compares", "[unit][bootstrap]") {
   auto v6 = net::SockAddr::parse("fd00::2", 41234);
   REQUIRE(v6.ok());
   CHECK(v6->to_string() == "[fd00::2]:41234");
+  // The address alone (an interface's, which has no port to print).
+  CHECK(v4->ip_string() == "192.0.2.2");
+  CHECK(v6->ip_string() == "fd00::2");
+  CHECK(net::SockAddr().ip_string() == "<none>");
   auto copy = net::SockAddr::from_sockaddr(v6->sa(), v6->len);
   REQUIRE(copy.ok());
   CHECK(*copy == *v6);
