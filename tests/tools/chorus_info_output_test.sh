@@ -22,9 +22,21 @@ status=$?
 [ "$status" -eq 2 ] || fail "--nope exited $status"
 grep -qF "unknown option '--nope'" <<< "$err" || fail "--nope: '$err'"
 
-out=$("$info" 2>&1) || fail "chorus-info exited $?"
+out=$(CHORUS_TRANSPORT=TCP "$info" 2>&1) || fail "chorus-info exited $?"
 grep -E '^Network:|candidate ' <<< "$out" | grep -qE ':0( |$)' && fail "an address with port :0: $(grep -E '^Network:' <<< "$out")"
 grep -qE '^Network: interface [^ ]+ [0-9a-f.:]+$' <<< "$out" || fail "no Network line: $(grep -E '^Network' <<< "$out")"
 grep -qE 'src/[a-z]+/[a-z_]+\.(h|cc)' <<< "$out" && fail "a source path: $(grep -oE 'src/[a-z]+/[a-z_]+\.(h|cc)' <<< "$out" | head -1)"
+# The tables: the measured model (shm between two processes), or a labelled fallback.
+if grep -qF "The model measured now between two processes of this host (shm)" <<< "$out"; then
+  grep -qE "^  Choices for 2 ranks \(.*measured over shm" <<< "$out" || fail "tables are not of the measured model"
+else
+  grep -qF "the built-in default model, which a communicator replaces" <<< "$out" || fail "tables unlabelled"
+fi
+# The measurement forced SHM for a moment: the parameters show the caller's value again.
+grep -qE '^  CHORUS_TRANSPORT +=  ?TCP +\[env CHORUS_TRANSPORT' <<< "$out" || fail "CHORUS_TRANSPORT not restored: $(grep -E '^  CHORUS_TRANSPORT ' <<< "$out")"
+
+static=$(CHORUS_TUNER=STATIC "$info" 2>&1)
+grep -qF "The built-in default model, which communicators use (CHORUS_TUNER=STATIC)" <<< "$static" || fail "STATIC tables unlabelled"
+
 [ "$failures" -eq 0 ] && echo "chorus-info output: all checks passed"
 [ "$failures" -eq 0 ]
