@@ -11,9 +11,12 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <csignal>
 #include <cctype>
 #include <cstdlib>
 #include <fstream>
+#include <optional>
+#include <string>
 #include <thread>
 
 #include "algo/tuner.h"
@@ -30,13 +33,16 @@ const CollKind kColls[] = {CollKind::kAllReduce, CollKind::kReduceScatter, CollK
 
 void print_choices(const algo::CostModel& model, int nranks) {
   fmt::print("  Choices for {} ranks ({}):\n", nranks, model.to_string());
+  // As a communicator of this model would see it: its small-message boxes included.
+  algo::Shape shape = algo::Shape::flat(nranks);
+  shape.box_bytes = model.box_bytes;
   fmt::print("    {:<14}", "size");
   for (CollKind c : kColls) fmt::print(" {:>13}", coll_name(c));
   fmt::print("\n");
   for (size_t bytes = 8; bytes <= (size_t{128} << 20); bytes *= 8) {
     fmt::print("    {:<14}", bytes);
     for (CollKind c : kColls) {
-      algo::Choice ch = algo::choose(model, c, bytes, algo::Shape::flat(nranks), 1);
+      algo::Choice ch = algo::choose(model, c, bytes, shape, 1);
       fmt::print(" {:>13}", algo::algo_name(ch.algo));
     }
     fmt::print("\n");
@@ -46,10 +52,25 @@ void print_choices(const algo::CostModel& model, int nranks) {
 // Creates a 2-rank communicator with CHORUS_TRANSPORT=transport (ranks as two threads, or as
 // this process and a forked child) and returns the model it calibrated.
 Result<algo::CostModel> measure(const char* transport, bool processes) {
+  // The caller's CHORUS_TRANSPORT comes back afterwards (chorus-info prints the parameters).
+  const char* before = std::getenv("CHORUS_TRANSPORT");
+  const std::optional<std::string> saved =
+      before != nullptr ? std::optional<std::string>(before) : std::nullopt;
+  auto restore = [&saved] {
+    if (saved) {
+      setenv("CHORUS_TRANSPORT", saved->c_str(), 1);
+    } else {
+      unsetenv("CHORUS_TRANSPORT");
+    }
+    params::reload_for_testing();
+  };
   setenv("CHORUS_TRANSPORT", transport, 1);
   params::reload_for_testing();
   ncclUniqueId id;
-  if (ncclGetUniqueId(&id) != ncclSuccess) return internal_error("{}", ncclGetLastError(nullptr));
+  if (ncclGetUniqueId(&id) != ncclSuccess) {
+    restore();
+    return internal_error("{}", ncclGetLastError(nullptr));
+  }
   auto init = [&](int rank, ncclComm_t* comm) { return ncclCommInitRank(comm, 2, id, rank); };
   ncclComm_t comms[2] = {nullptr, nullptr};
   pid_t child = -1;
@@ -59,32 +80,43 @@ Result<algo::CostModel> measure(const char* transport, bool processes) {
       ncclComm_t c;
       _exit(init(1, &c) == ncclSuccess && ncclCommDestroy(c) == ncclSuccess ? 0 : 1);
     }
-    if (init(0, &comms[0]) != ncclSuccess)
+    if (init(0, &comms[0]) != ncclSuccess) {
+      int status = 0;
+      kill(child, SIGKILL);  // it would wait for rank 0 until the bootstrap timeout
+      waitpid(child, &status, 0);
+      restore();
       return remote_error("{}", ncclGetLastError(nullptr));
+    }
   } else {
     std::thread peer([&] { init(1, &comms[1]); });
     ncclResult_t r = init(0, &comms[0]);
     peer.join();
-    if (r != ncclSuccess || comms[1] == nullptr) return remote_error("{}", ncclGetLastError(nullptr));
+    if (r != ncclSuccess || comms[1] == nullptr) {
+      for (ncclComm_t c : comms)
+        if (c != nullptr) ncclCommDestroy(c);
+      restore();
+      return remote_error("{}", ncclGetLastError(nullptr));
+    }
   }
-  CHORUS_ASSIGN_OR_RETURN(std::shared_ptr<Comm> comm, api::find_comm(comms[0]));
-  algo::CostModel model = comm->cost_model();
-  comm.reset();
+  algo::CostModel model;
+  {
+    auto comm = api::find_comm(comms[0]);
+    if (comm.ok()) model = (*comm)->cost_model();
+  }
   for (ncclComm_t c : comms)
     if (c != nullptr) ncclCommDestroy(c);
   if (child > 0) {
     int status = 0;
     waitpid(child, &status, 0);
   }
-  unsetenv("CHORUS_TRANSPORT");
-  params::reload_for_testing();
+  restore();
   return model;
 }
 
 }  // namespace
 
 void print_tuner() {
-  fmt::print("Tuner (src/algo/tuner.h): predicted time = rounds x alpha + extra messages x "
+  fmt::print("Tuner: predicted time = rounds x alpha + extra messages x "
              "alpha/4 + wire bytes / beta + reduced bytes / gamma; the cheapest algorithm wins.\n"
              "  Parameters: measured when each communicator is created (CHORUS_TUNER={}), or "
              "read from CHORUS_TUNER_FILE='{}'; CHORUS_ALGO='{}' forces algorithms.\n",
@@ -107,6 +139,7 @@ void print_tuner() {
       fmt::print("  {}\n", file.status().message());
       return;
     }
+    fmt::print("  The models of CHORUS_TUNER_FILE, one per transport in it:\n");
     for (const auto& link : file->links) {
       algo::CostModel m{link.alpha_us, link.beta_gbps,
                         file->gamma_gbps > 0 ? file->gamma_gbps : defaults.gamma_gbps,
@@ -116,6 +149,26 @@ void print_tuner() {
     }
     return;
   }
+  if (params::kTuner.get() == "STATIC") {
+    fmt::print("  The built-in default model, which communicators use (CHORUS_TUNER=STATIC):\n");
+    print_choices(defaults, 2);
+    print_choices(defaults, 8);
+    return;
+  }
+  // The built-in defaults (alpha 5 us, gamma 4 GB/s...) are not what a communicator uses: it
+  // measures its own at creation. Measure as a communicator of this host would, between two
+  // processes over shared memory, and show the choices of that model.
+  auto measured = measure("SHM", /*processes=*/true);
+  if (measured.ok()) {
+    fmt::print("  The model measured now between two processes of this host (shm), as a "
+               "communicator measures its own at creation (for 8 ranks too):\n");
+    print_choices(*measured, 2);
+    print_choices(*measured, 8);
+    return;
+  }
+  fmt::print("  Measuring between two processes failed ({}); the built-in default model, which "
+             "a communicator replaces by its own measurement:\n",
+             measured.status().message());
   print_choices(defaults, 2);
   print_choices(defaults, 8);
 }

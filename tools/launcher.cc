@@ -30,7 +30,17 @@ int RankExit::exit_code() const {
 }
 
 std::string RankExit::describe() const {
-  if (killed_by_us) return fmt::format("rank {} (pid {}) was stopped by the launcher", rank, pid);
+  if (killed_by_us) {
+    // Say why: a timeout that fires must name itself, or it reads like a crash.
+    std::string why;
+    if (stop == Stop::kTimeout) {
+      why = timeout_ms % 1000 == 0 ? fmt::format(" after --timeout {} s", timeout_ms / 1000)
+                                   : fmt::format(" after its timeout of {} ms", timeout_ms);
+    } else if (stop == Stop::kOtherRankFailed && failed_rank >= 0) {
+      why = fmt::format(" after rank {} failed", failed_rank);
+    }
+    return fmt::format("rank {} (pid {}) was stopped by the launcher{}", rank, pid, why);
+  }
   if (WIFEXITED(status)) return fmt::format("rank {} (pid {}) exited with {}", rank, pid, WEXITSTATUS(status));
   if (WIFSIGNALED(status))
     return fmt::format("rank {} (pid {}) was killed by signal {} ({})", rank, pid, WTERMSIG(status),
@@ -125,11 +135,16 @@ Result<std::string> resolve_program(const std::string& name) {
 
 // Signals only ranks that were started (pid > 0): kill(0, ...) would hit the launcher's own
 // process group, and with it the shell or CI job that called it.
-void stop_all(std::vector<RankExit>& ranks, const std::vector<bool>& done) {
+void stop_all(std::vector<RankExit>& ranks, const std::vector<bool>& done,
+              RankExit::Stop why = RankExit::Stop::kNone, int failed_rank = -1,
+              int timeout_ms = 0) {
   for (size_t r = 0; r < ranks.size(); ++r)
     if (!done[r] && ranks[r].pid > 0) {
       kill(ranks[r].pid, SIGTERM);
       ranks[r].killed_by_us = true;
+      ranks[r].stop = why;
+      ranks[r].failed_rank = failed_rank;
+      ranks[r].timeout_ms = timeout_ms;
     }
 }
 
@@ -187,7 +202,7 @@ Result<std::vector<RankExit>> run(const Options& o) {
         if (!stopping && !(WIFEXITED(status) && WEXITSTATUS(status) == 0)) {
           stopping = true;  // one rank failed: the others would wait for it in vain
           stop_ns = now_ns();
-          stop_all(ranks, done);
+          stop_all(ranks, done, RankExit::Stop::kOtherRankFailed, r);
         }
       }
       continue;
@@ -195,7 +210,7 @@ Result<std::vector<RankExit>> run(const Options& o) {
     if (!stopping && deadline.expired()) {
       stopping = true;
       stop_ns = now_ns();
-      stop_all(ranks, done);
+      stop_all(ranks, done, RankExit::Stop::kTimeout, -1, o.timeout_ms);
     }
     if (stopping && now_ns() - stop_ns > 2000000000) {
       for (int r = 0; r < o.nranks; ++r)

@@ -25,10 +25,15 @@ struct Options {
 };
 
 struct RankExit {
+  // Why the launcher stopped a rank that was still running (killed_by_us).
+  enum class Stop { kNone, kOtherRankFailed, kTimeout };
   int rank = -1;
   pid_t pid = 0;
   int status = 0;           // as from waitpid
   bool killed_by_us = false;
+  Stop stop = Stop::kNone;
+  int failed_rank = -1;     // kOtherRankFailed: the rank whose failure stopped the others
+  int timeout_ms = 0;       // kTimeout: Options::timeout_ms
   bool ok() const;
   int exit_code() const;    // 0..255, or 128 + signal
   std::string describe() const;

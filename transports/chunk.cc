@@ -310,10 +310,10 @@ bool PeerLink::post_chunk(size_t p, PendingRecv* pending, const MsgTag& tag, uin
   const uint64_t end = off + bytes;
   if (end > req->bytes || (tag.last_chunk() && !req->size_from_sender && end != req->bytes)) {
     const uint64_t sent = tag.last_chunk() ? end : off + bytes;
-    fail(invalid_usage("rank {} sent {} ({}{} bytes) but rank {} {} {} ({} bytes) from it", peer_,
-                       describe_tag(tag), tag.last_chunk() ? "" : "at least ", sent, my_rank_,
+    fail(invalid_usage("rank {} sent {} but rank {} {} {} from it", peer_,
+                       describe_message(tag, sent, !tag.last_chunk()), my_rank_,
                        req->size_from_sender ? "has room for" : "expects",
-                       describe_tag(req->tag), req->bytes));
+                       describe_message(req->tag, req->bytes)));
     return true;
   }
   if (req->reduce != nullptr) {

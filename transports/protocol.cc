@@ -9,21 +9,20 @@ Status accept_incoming(RecvRequest* req, const MsgTag& tag, uint64_t bytes, int 
                        int my_rank) {
   if (!req->size_from_sender) {
     if (tag == req->tag && bytes == req->bytes) return Status();
-    return invalid_usage("rank {} sent {} ({} bytes) but rank {} expects {} ({} bytes) from it",
-                         peer, describe_tag(tag), bytes, my_rank, describe_tag(req->tag),
-                         req->bytes);
+    return invalid_usage("rank {} sent {} but rank {} expects {} from it", peer,
+                         describe_message(tag, bytes), my_rank,
+                         describe_message(req->tag, req->bytes));
   }
   MsgTag any_count = req->tag;
   any_count.count = tag.count;
   if (tag != any_count) {
-    return invalid_usage("rank {} sent {} ({} bytes) but rank {} expects {} (up to {} bytes) "
-                         "from it",
-                         peer, describe_tag(tag), bytes, my_rank, describe_tag(req->tag),
-                         req->bytes);
+    return invalid_usage("rank {} sent {} but rank {} expects {} (at most) from it", peer,
+                         describe_message(tag, bytes), my_rank,
+                         describe_message(req->tag, req->bytes));
   }
   if (bytes > req->bytes) {
-    return invalid_usage("rank {} sent {} of {} bytes but rank {} has room for {} bytes", peer,
-                         describe_tag(tag), bytes, my_rank, req->bytes);
+    return invalid_usage("rank {} sent {} but rank {} has room for {} bytes", peer,
+                         describe_message(tag, bytes), my_rank, req->bytes);
   }
   req->tag.count = tag.count;
   req->bytes = bytes;
@@ -38,8 +37,8 @@ Status check_reducing_receive(const RecvRequest& req, int peer) {
   }
   if (req.elem_size > 0 && req.bytes % req.elem_size == 0) return Status();
   return invalid_usage(
-      "reducing receive of {} ({} bytes) from rank {} is not a whole number of {}-byte elements",
-      describe_tag(req.tag), req.bytes, peer, req.elem_size);
+      "reducing receive of {} from rank {} is not a whole number of {}-byte elements",
+      describe_message(req.tag, req.bytes), peer, req.elem_size);
 }
 
 Code farewell_code(uint32_t wire) {

@@ -117,9 +117,9 @@ Result<const void*> SmallBox::receive(const MsgTag& tag, size_t bytes) {
   if (s->seq.load(std::memory_order_acquire) != received_ + 1 || s->bytes == kClosedMarker)
     return closed_error(true);
   if (s->digest != tag_digest(tag) || s->bytes != bytes) {
-    return invalid_usage("rank {} sent {} ({} bytes) but rank {} expects {} ({} bytes) from it",
-                         peer_, describe_tag(tag_copy(in_, received_)->tag), s->bytes, self_,
-                         describe_tag(tag), bytes);
+    return invalid_usage("rank {} sent {} but rank {} expects {} from it", peer_,
+                         describe_message(tag_copy(in_, received_)->tag, s->bytes), self_,
+                         describe_message(tag, bytes));
   }
   if (bytes <= kInlineBytes) return static_cast<const void*>(s->inline_payload);
   return static_cast<const void*>(payload(in_, received_));

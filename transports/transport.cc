@@ -21,4 +21,9 @@ std::string describe_tag(const MsgTag& tag) {
   return text + ")";
 }
 
+std::string describe_message(const MsgTag& tag, uint64_t bytes, bool at_least) {
+  return fmt::format("{} in a message of {}{} bytes", describe_tag(tag), at_least ? "at least " : "",
+                     bytes);
+}
+
 }  // namespace chorus

@@ -77,6 +77,11 @@ static_assert(sizeof(MsgTag) == 24);
 
 // "AllReduce #12 (count 1024, float, sum)".
 std::string describe_tag(const MsgTag& tag);
+// One message of an operation: "AllReduce #12 (count 1024, float, sum) in a message of 1024
+// bytes". A message is often a part of the call (a ring step: 1/nranks of it); "(count 1024,
+// float, sum) (1024 bytes)" read as if the call were 1024 bytes. `at_least`: the sender's size
+// is not known yet (a chunk that is not the last).
+std::string describe_message(const MsgTag& tag, uint64_t bytes, bool at_least = false);
 
 class RegistrationKey;  // transports/registration_key.h
 class SmallBox;         // transports/small_box.h

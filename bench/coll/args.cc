@@ -147,6 +147,8 @@ const option kLongOptions[] = {
     {"stepbytes", required_argument, nullptr, 'i'},
     {"stepfactor", required_argument, nullptr, 'f'},
     {"iters", required_argument, nullptr, 'n'},
+    {"agg_iters", required_argument, nullptr, 'm'},
+    {"run_cycles", required_argument, nullptr, 'N'},
     {"warmup_iters", required_argument, nullptr, 'w'},
     {"check", required_argument, nullptr, 'c'},
     {"op", required_argument, nullptr, 'o'},
@@ -154,7 +156,12 @@ const option kLongOptions[] = {
     {"root", required_argument, nullptr, 'r'},
     {"average", required_argument, nullptr, 'a'},
     {"blocking", required_argument, nullptr, 'z'},
+    {"stream_null", required_argument, nullptr, 'y'},
     {"local_register", required_argument, nullptr, 'R'},
+    {"parallel_init", required_argument, nullptr, 'p'},
+    {"cudagraph", required_argument, nullptr, 'G'},
+    {"report_cputime", required_argument, nullptr, 'C'},
+    {"memory", required_argument, nullptr, 'M'},
     {"output_file", required_argument, nullptr, 'J'},
     {"timeout", required_argument, nullptr, 'T'},
     {"compress", required_argument, nullptr, kOptCompress},
@@ -166,7 +173,9 @@ const option kLongOptions[] = {
     {"help", no_argument, nullptr, 'h'},
     {nullptr, 0, nullptr, 0},
 };
-constexpr const char* kShortOptions = ":t:g:b:e:i:f:n:w:c:o:d:r:a:z:R:J:T:h";
+constexpr const char* kShortOptions = ":t:g:b:e:i:f:n:m:N:w:c:o:d:r:a:z:y:R:p:G:C:M:J:T:h";
+// The largest -f: beyond it the second size already passes any -e that parse_size accepts.
+constexpr long kMaxStepFactor = 1L << 20;
 
 // The spelling of option `c` for messages: "-b/--minbytes".
 std::string spelling(int c) {
@@ -283,12 +292,27 @@ std::string apply(Options& o, int c, const char* v) {
     case 'c': return set_int(o.check_iters, 0, 1 << 30, "a check count >= 0");
     case 'a': return set_int(o.average, 0, 3, "0 (rank 0), 1 (mean), 2 (min) or 3 (max)");
     case 'z': return set_int(o.blocking, 0, 1, "0 (host stream) or 1 (NULL stream)");
-    case 'R': return set_int(o.local_register, 0, 1, "0 (plain memory) or 1 (registered)");
+    case 'm': return set_int(o.agg_iters, 1, 1 << 20, "an aggregated call count in 1..1048576");
+    case 'N':
+      // nccl-tests reads 0 as "cycle forever"; a tool that never exits is no use in a script
+      // or a test, so say so instead of running until killed.
+      if (std::strcmp(v, "0") == 0)
+        return fmt::format("{}: 0 (run forever) is not supported: give a cycle count in 1..{}",
+                           spelling(c), 1 << 20);
+      return set_int(o.run_cycles, 1, 1 << 20, "a cycle count in 1..1048576");
+    case 'y': return set_int(o.stream_null, 0, 1, "0 (host stream) or 1 (NULL stream)");
+    case 'R':
+      return set_int(o.local_register, 0, 2,
+                     "0 (plain memory), 1 (registered) or 2 (symmetric window)");
+    case 'p': return set_int(o.parallel_init, 0, 1, "0 or 1");
+    case 'G': return set_int(o.cudagraph, 0, 1 << 30, "a number of graph launches >= 0");
+    case 'C': return set_int(o.report_cputime, 0, 1, "0 or 1");
+    case 'M': return set_int(o.memory_report, 0, 1, "0 or 1");
     case 'T': return set_int(o.timeout_s, 0, 1 << 30, "a number of seconds >= 0");
     case 'J': o.output_file = v; return o.output_file.empty() ? bad("a file name") : "";
     case 'f': {
-      auto n = parse_long(v, 1, 1 << 20);
-      if (!n) return bad("an integer factor >= 1");
+      auto n = parse_long(v, 1, kMaxStepFactor);
+      if (!n) return bad(fmt::format("an integer factor in 1..{}", kMaxStepFactor));
       o.step_factor = static_cast<size_t>(*n);
       return "";
     }
@@ -416,8 +440,12 @@ std::string usage_text(const char* program) {
       "  -b, --minbytes SIZE     smallest message, K/M/G suffixes allowed (32M)\n"
       "  -e, --maxbytes SIZE     largest message (32M)\n"
       "  -i, --stepbytes SIZE    increment between sizes when -f is not given (1M)\n"
-      "  -f, --stepfactor N      multiply sizes by N instead (off)\n"
+      "  -f, --stepfactor N      multiply sizes by N (1..1048576) instead (off)\n"
       "  -n, --iters N           timed iterations per size (20)\n"
+      "  -m, --agg_iters M       calls per timed iteration, issued in one ncclGroupStart/\n"
+      "                          ncclGroupEnd; the time is per call (1)\n"
+      "  -N, --run_cycles N      run the whole size sweep N times, a table row per size\n"
+      "                          and cycle (1; nccl-tests' 0 = forever is refused)\n"
       "  -w, --warmup_iters N    warm-up iterations at the largest and smallest size (1, as\n"
       "                          current nccl-tests; older versions used 5)\n"
       "  -c, --check N           correctness checks per size after timing, 0 = off (1)\n"
@@ -428,11 +456,20 @@ std::string usage_text(const char* program) {
       "  -a, --average A         time reported: 0 rank 0, 1 mean, 2 min, 3 max over ranks (1)\n"
       "  -z, --blocking Z        0: issue on a Chorus host stream, then synchronize;\n"
       "                          1: NULL stream, every call completes before returning (0)\n"
+      "  -y, --stream_null Y     1: NULL stream, as -z 1 (0)\n"
       "  -R, --local_register R  1: buffers from ncclMemAlloc, registered with\n"
-      "                          ncclCommRegister (same-host peers then copy once) (0)\n"
+      "                          ncclCommRegister (same-host peers then copy once);\n"
+      "                          2: also ncclCommWindowRegister, symmetric windows (0)\n"
       "  -J, --output_file FILE  also write every row as JSON (FILE.N if FILE exists)\n"
       "  -T, --timeout S         fail if one size takes longer than S seconds (0: never)\n"
+      "  -M, --memory M          1: after the table, the buffer bytes each rank allocated\n"
+      "                          and the process's peak resident memory (0)\n"
+      "  -C, --report_cputime C  1: label the time column \"cputime\", as nccl-tests; the\n"
+      "                          times are host (CPU) wall-clock times either way (0)\n"
       "  -g, --ngpus 1           accepted for compatibility (only 1)\n"
+      "  -p, --parallel_init P   accepted for compatibility: every rank thread always calls\n"
+      "                          ncclCommInitRank on its own, in parallel\n"
+      "  -G, --cudagraph N       accepted and ignored: no CUDA graphs on host memory\n"
       "  --compress e4m3|e5m2    all_reduce_perf, reduce_scatter_perf, all_gather_perf: time\n"
       "                          chorus*Compressed (FP8 on the wire) with one compressor per\n"
       "                          rank; -c checks against a derived error bound, and that every\n"

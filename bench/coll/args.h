@@ -37,6 +37,9 @@ struct Options {
   size_t step_bytes = size_t{1} << 20;  // -i (used when step_factor <= 1)
   size_t step_factor = 1;               // -f (> 1: multiply instead of add)
   int iters = 20;                       // -n
+  int agg_iters = 1;                    // -m: calls per timed iteration, in one group
+  int run_cycles = 1;                   // -N: sweeps over the sizes (nccl-tests' 0 = forever
+                                        //     is refused: a benchmark that never ends)
   int warmup_iters = 1;                 // -w
   int check_iters = 1;                  // -c (0: no correctness check)
   std::vector<int> ops{ncclSum};        // -o: ncclRedOp_t values, verify::kPreMulSum for mulsum
@@ -45,11 +48,20 @@ struct Options {
   int nthreads = 1;                               // -t: ranks run as threads of each process
   int average = 1;                                // -a: 0 rank 0, 1 mean, 2 min, 3 max over ranks
   int blocking = 0;         // -z: 0 host stream, then synchronize; 1 NULL stream
-  int local_register = 0;   // -R: 1 buffers from ncclMemAlloc, registered on the comm
+  int stream_null = 0;      // -y: 1 NULL stream (nccl-tests' spelling of -z 1 here)
+  int local_register = 0;   // -R: 1 buffers from ncclMemAlloc, registered on the comm;
+                            //     2 the same, then ncclCommWindowRegister (symmetric)
+  int parallel_init = 0;    // -p: accepted; every rank thread always inits on its own
+  int cudagraph = 0;        // -G: accepted and ignored (no CUDA graphs on host memory)
+  int report_cputime = 0;   // -C: 1 labels the time column "cputime" (it is host time anyway)
+  int memory_report = 0;    // -M: 1 prints the memory the tool allocated and the peak RSS
   int timeout_s = 0;        // -T: 0 none
   std::string output_file;  // -J
   CompressOptions compress;  // --compress...
   bool help = false;        // -h
+
+  // The timed calls go to the NULL stream (-z 1 or -y 1), each complete when it returns.
+  bool null_stream() const { return blocking != 0 || stream_null != 0; }
 };
 
 struct ParsedOptions {

@@ -93,6 +93,55 @@ TEST_CASE("every mistake is named", "[unit][bench]") {
   CHECK(error({"-b", "1K", "-e", "2K", "-i", "0"}).find("never reach") != std::string::npos);
   CHECK(error({"-b", "0", "-e", "2K", "-f", "2"}).find("never grows") != std::string::npos);
   CHECK(parse({"-h"}).options.help);
+  // The real range of -f, not just its lower end.
+  CHECK(error({"-f", "0"}) == "-f/--stepfactor: '0' is not an integer factor in 1..1048576");
+  CHECK(error({"-f", "2097152"}).find("in 1..1048576") != std::string::npos);
+  CHECK(error({"-m", "0"}).find("-m/--agg_iters") == 0);
+  CHECK(error({"-N", "0"}).find("-N/--run_cycles: 0 (run forever) is not supported") == 0);
+  CHECK(error({"-N", "-1"}).find("-N/--run_cycles") == 0);
+  CHECK(error({"-R", "3"}).find("-R/--local_register") == 0);
+  CHECK(error({"-y", "2"}).find("-y/--stream_null") == 0);
+  CHECK(error({"-C", "x"}).find("-C/--report_cputime") == 0);
+  CHECK(error({"-M", "2"}).find("-M/--memory") == 0);
+  CHECK(error({"-p", "2"}).find("-p/--parallel_init") == 0);
+  CHECK(error({"-G", "-1"}).find("-G/--cudagraph") == 0);
+}
+
+TEST_CASE("nccl-tests options that scripts pass: -m -N -p -G -C -R -y -M", "[unit][bench]") {
+  ParsedOptions p = parse({"-m", "4", "-N", "3", "-p", "1", "-G", "10", "-C", "1", "-R", "2",
+                           "-y", "1", "-M", "1"});
+  REQUIRE(p.error.empty());
+  const Options& o = p.options;
+  CHECK(o.agg_iters == 4);
+  CHECK(o.run_cycles == 3);
+  CHECK(o.parallel_init == 1);
+  CHECK(o.cudagraph == 10);
+  CHECK(o.report_cputime == 1);
+  CHECK(o.local_register == 2);
+  CHECK(o.stream_null == 1);
+  CHECK(o.blocking == 0);
+  CHECK(o.null_stream());
+  CHECK(o.memory_report == 1);
+  // nccl-tests' long names, and the defaults.
+  ParsedOptions l = parse({"--agg_iters=2", "--run_cycles", "2", "--parallel_init", "0",
+                           "--cudagraph", "0", "--report_cputime", "0", "--local_register",
+                           "1", "--stream_null", "0", "--memory", "0"});
+  REQUIRE(l.error.empty());
+  CHECK(l.options.agg_iters == 2);
+  CHECK(l.options.run_cycles == 2);
+  CHECK(l.options.local_register == 1);
+  CHECK_FALSE(l.options.null_stream());
+  ParsedOptions d = parse({});
+  CHECK(d.options.agg_iters == 1);
+  CHECK(d.options.run_cycles == 1);
+  CHECK(d.options.local_register == 0);
+  CHECK(d.options.memory_report == 0);
+  // Every one of them is in the help text.
+  const std::string help = usage_text("tool");
+  for (const char* name : {"-m, --agg_iters", "-N, --run_cycles", "-p, --parallel_init",
+                           "-G, --cudagraph", "-C, --report_cputime", "-R, --local_register",
+                           "-y, --stream_null", "-M, --memory", "1..1048576"})
+    CHECK(help.find(name) != std::string::npos);
 }
 
 TEST_CASE("compression options: --compress and its companions", "[unit][bench]") {

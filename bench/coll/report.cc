@@ -6,6 +6,7 @@
 
 #include <chorus/chorus.h>
 #include <fmt/format.h>
+#include <sys/resource.h>
 
 #include <cerrno>
 #include <cmath>
@@ -163,15 +164,17 @@ void Reporter::print_configuration() const {
   fmt::print("# Collective test starting: {}\n", tool_);
   fmt::print(
       "# nThread {} nGpus 1 minBytes {} maxBytes {} step: {}({}) warmup iters: {} iters: "
-      "{} agg iters: 1 validation: {} graph: 0\n",
+      "{} agg iters: {} validation: {} graph: 0\n",
       o.nthreads, o.min_bytes, o.max_bytes, o.step_factor > 1 ? o.step_factor : o.step_bytes,
-      o.step_factor > 1 ? "factor" : "bytes", o.warmup_iters, o.iters, o.check_iters);
+      o.step_factor > 1 ? "factor" : "bytes", o.warmup_iters, o.iters, o.agg_iters,
+      o.check_iters);
   static const char* kAverage[] = {"rank 0", "mean over ranks", "min over ranks", "max over ranks"};
   fmt::print("# Ranks: {} = {} process{} ({}) x {} thread{}; issue: {}; time: {} (-a {})\n",
              world_.nprocs * o.nthreads, world_.nprocs, world_.nprocs == 1 ? "" : "es",
              launcher_name(world_.launcher), o.nthreads, o.nthreads == 1 ? "" : "s",
-             o.blocking ? "NULL stream, each call synchronous (-z 1)"
-                        : "Chorus host stream, then chorusStreamSynchronize (-z 0)",
+             o.blocking      ? "NULL stream, each call synchronous (-z 1)"
+             : o.stream_null ? "NULL stream, each call synchronous (-y 1)"
+                             : "Chorus host stream, then chorusStreamSynchronize (-z 0)",
              kAverage[o.average], o.average);
   if (o.compress.enabled) {
     fmt::print("# Compression: {} (chorus*Compressed, one compressor per rank)\n",
@@ -195,6 +198,9 @@ void Reporter::begin(const std::vector<RankInfo>& ranks) {
         r.rank, r.pid, r.host, r.device, r.proc);
   }
   fmt::print("#\n");
+  // -C 1: nccl-tests' name for times taken with the host clock rather than GPU events; ours
+  // are host wall-clock times in both cases, only the label follows the option.
+  const char* time_label = options_.report_cputime ? "cputime" : "time";
   fmt::print(
       "# {:>10}  {:>12}  {:>8}  {:>6}  {:>6}           out-of-place                       "
       "in-place          \n",
@@ -202,8 +208,8 @@ void Reporter::begin(const std::vector<RankInfo>& ranks) {
   fmt::print(
       "# {:>10}  {:>12}  {:>8}  {:>6}  {:>6}  {:>7}  {:>6}  {:>6}  {:>6}  {:>7}  {:>6}  "
       "{:>6}  {:>6}\n",
-      "size", "count", "type", "redop", "root", "time", "algbw", "busbw", "#wrong", "time", "algbw",
-      "busbw", "#wrong");
+      "size", "count", "type", "redop", "root", time_label, "algbw", "busbw", "#wrong", time_label,
+      "algbw", "busbw", "#wrong");
   fmt::print(
       "# {:>10}  {:>12}  {:>8}  {:>6}  {:>6}  {:>7}  {:>6}  {:>6}  {:>6}  {:>7}  {:>6}  "
       "{:>6}  {:>6}\n",
@@ -241,6 +247,15 @@ void Reporter::end(const std::string& error) {
                                      : 0.0;
     fmt::print("# wire bytes: {} of uncompressed {} ({:.2f}%), timed calls, all ranks\n",
                wire_bytes_, data_bytes_, percent);
+  }
+  if (options_.memory_report != 0 && memory_bytes_ > 0) {
+    // Host memory only: no device memory to report. ru_maxrss is in KiB on Linux.
+    rusage usage{};
+    getrusage(RUSAGE_SELF, &usage);
+    fmt::print("# {:<20} : {} bytes per rank (send + receive buffers)\n", "User-Allocated",
+               memory_bytes_);
+    fmt::print("# {:<20} : {:.1f} MiB (rank 0's process)\n", "Peak resident",
+               static_cast<double>(usage.ru_maxrss) / 1024.0);
   }
   if (!error.empty()) fmt::print("# error: {}\n", error);
   fmt::print("#\n# Collective test concluded: {}\n", tool_);
@@ -280,10 +295,10 @@ void Reporter::json_config(Json& j) const {
   }
   j.key("warmup_iters").integer(o.warmup_iters);
   j.key("iterations").integer(o.iters);
-  j.key("aggregated_iterations").integer(1);
+  j.key("aggregated_iterations").integer(o.agg_iters);
   j.key("validation").integer(o.check_iters);
   j.key("graph").integer(0);
-  j.key("blocking_collectives").boolean(o.blocking != 0);
+  j.key("blocking_collectives").boolean(o.null_stream());
   j.key("average").integer(o.average);
   j.key("devices").begin('[');
   for (const RankInfo& r : ranks_) {

@@ -60,6 +60,8 @@ class Reporter {
   // uncompressed (chorusCommGetByteCounters). The footer shows their ratio under --compress,
   // or whenever they differ (CHORUS_COMPRESS in the environment).
   void bytes(unsigned long long wire, unsigned long long data);
+  // -M 1: the buffer bytes rank 0 allocated, printed in the footer with the peak RSS.
+  void memory(size_t buffer_bytes) { memory_bytes_ = buffer_bytes; }
   // Prints the footer (and `error`, if any) and writes the JSON file. Call once.
   void end(const std::string& error);
 
@@ -86,6 +88,7 @@ class Reporter {
   int out_of_bounds_ = 0;
   unsigned long long wire_bytes_ = 0;
   unsigned long long data_bytes_ = 0;
+  size_t memory_bytes_ = 0;
 };
 
 }  // namespace chorus::bench

@@ -2,7 +2,8 @@
 // File: bench/coll/runner.cc
 // The per-rank benchmark loop, following nccl-tests' TimeTest/BenchTime: warm-up at the
 // largest and smallest size, then per size and placement one untimed call, a barrier, -n timed
-// calls, the time combined over ranks per -a, and -c checked calls on fresh inputs.
+// iterations of -m calls each (grouped), the time per call combined over ranks per -a, and -c
+// checked calls on fresh inputs; the size sweep -N times.
 #include "bench/coll/runner.h"
 
 #include <chorus/stream.h>
@@ -61,6 +62,8 @@ bool RankRunner::run() {
   if (reporting) reporter_->begin(ranks);
   if (good) good = run_tests();
   if (good) good = report_bytes();
+  if (good && reporter_ != nullptr && options_.memory_report != 0)
+    reporter_->memory(send_.bytes + recv_.bytes);
   teardown();
   if (reporting) reporter_->end(job_.failed() ? job_.first_error() : std::string());
   return good && !any_wrong_ && !job_.failed();
@@ -82,12 +85,23 @@ bool RankRunner::allocate(Buffer* buffer, size_t bytes) {
   std::memset(p, 0, rounded);
   buffer->data = static_cast<unsigned char*>(p);
   buffer->bytes = rounded;
-  if (options_.local_register != 0)
-    return ok(ncclCommRegister(comm_, p, rounded, &buffer->handle), "ncclCommRegister");
+  if (options_.local_register != 0 &&
+      !ok(ncclCommRegister(comm_, p, rounded, &buffer->handle), "ncclCommRegister"))
+    return false;
+  // nccl-tests' -R 2: a symmetric window (every rank registers the same size, in the same
+  // order: send, then receive buffer).
+  if (options_.local_register == 2)
+    return ok(ncclCommWindowRegister(comm_, p, rounded, &buffer->window, NCCL_WIN_COLL_SYMMETRIC),
+              "ncclCommWindowRegister");
   return true;
 }
 
 void RankRunner::release(Buffer* buffer) {
+  if (buffer->window != nullptr && comm_ != nullptr) {
+    ncclResult_t r = ncclCommWindowDeregister(comm_, buffer->window);
+    if (!job_.failed()) ok(r, "ncclCommWindowDeregister");
+  }
+  buffer->window = nullptr;
   if (buffer->handle != nullptr && comm_ != nullptr) {
     ncclResult_t r = ncclCommDeregister(comm_, buffer->handle);
     if (!job_.failed()) ok(r, "ncclCommDeregister");
@@ -110,7 +124,7 @@ bool RankRunner::setup() {
     return false;
   comm_ = comm;
   job_.adopt(local_, comm_);
-  if (options_.blocking == 0 && !ok(chorusStreamCreate(&stream_), "chorusStreamCreate"))
+  if (!options_.null_stream() && !ok(chorusStreamCreate(&stream_), "chorusStreamCreate"))
     return false;
   if (options_.compress.enabled) {
     if (coll_.issue_compressed == nullptr) {
@@ -188,18 +202,21 @@ bool RankRunner::time_test(ncclDataType_t dtype, int op, int root) {
   ncclRedOp_t nccl_op = ncclSum;
   if (op >= 0 && !create_op(dtype, op, &nccl_op)) return false;
   bool good = warm_up(dtype, op, root, nccl_op);
-  for (size_t bytes : message_sizes(options_)) {
-    if (!good) break;
-    Step step;
-    good = make_step(dtype, op, root, nccl_op, bytes, &step);
-    // A size too small for one element per rank has nothing to measure: no row.
-    if (!good || step.layout.param_count == 0) continue;
-    job_.begin_step(local_,
-                    fmt::format("{} of {} bytes ({})", coll_call_, bytes, dtype_name(dtype)));
-    Row row;
-    good = bench_size(step, &row);
-    job_.end_step(local_);
-    if (good && reporter_ != nullptr) reporter_->row(row);
+  // -N: the whole sweep again, as nccl-tests' run_cycles (a row per size and cycle).
+  for (int cycle = 0; cycle < options_.run_cycles && good; ++cycle) {
+    for (size_t bytes : message_sizes(options_)) {
+      if (!good) break;
+      Step step;
+      good = make_step(dtype, op, root, nccl_op, bytes, &step);
+      // A size too small for one element per rank has nothing to measure: no row.
+      if (!good || step.layout.param_count == 0) continue;
+      job_.begin_step(local_,
+                      fmt::format("{} of {} bytes ({})", coll_call_, bytes, dtype_name(dtype)));
+      Row row;
+      good = bench_size(step, &row);
+      job_.end_step(local_);
+      if (good && reporter_ != nullptr) reporter_->row(row);
+    }
   }
   if (op == verify::kPreMulSum) {
     ncclResult_t r = ncclRedOpDestroy(nccl_op, comm_);
@@ -289,11 +306,24 @@ bool RankRunner::time_iterations(const Step& step, bool in_place, double* second
   if (!read_counters(&before)) return false;
   auto start = std::chrono::steady_clock::now();
   for (int i = 0; i < options_.iters; ++i)
-    if (!issue(step, in_place, i)) return false;
+    if (!issue_aggregated(step, in_place, i)) return false;
   if (!synchronize()) return false;
   std::chrono::duration<double> elapsed = std::chrono::steady_clock::now() - start;
-  *seconds = elapsed.count() / options_.iters;
+  // Per call, as nccl-tests divides by iters * agg_iters.
+  *seconds = elapsed.count() / (static_cast<double>(options_.iters) * options_.agg_iters);
   return count_bytes(before);
+}
+
+bool RankRunner::issue_aggregated(const Step& step, bool in_place, int iteration) {
+  const int m = options_.agg_iters;
+  if (m <= 1) return issue(step, in_place, iteration);
+  if (!ok(ncclGroupStart(), "ncclGroupStart")) return false;
+  bool good = true;
+  // Successive calls take successive buffer slices (place()), as nccl-tests' iter*agg+aiter.
+  for (int a = 0; a < m && good; ++a) good = issue(step, in_place, int64_t{iteration} * m + a);
+  // End the group even after a failed call, so no group is left open on this thread.
+  ncclResult_t r = ncclGroupEnd();
+  return good && ok(r, "ncclGroupEnd");
 }
 
 bool RankRunner::check_results(const Step& step, bool in_place, int64_t* wrong) {
@@ -336,7 +366,7 @@ bool RankRunner::check_results(const Step& step, bool in_place, int64_t* wrong) 
   return true;
 }
 
-RankRunner::Placed RankRunner::place(const Step& step, bool in_place, int iteration) const {
+RankRunner::Placed RankRunner::place(const Step& step, bool in_place, int64_t iteration) const {
   // As nccl-tests, successive iterations use successive slices of the buffers, so that the
   // timing is not of one cache-resident slice.
   const size_t eb = step.element_bytes;
@@ -351,7 +381,7 @@ RankRunner::Placed RankRunner::place(const Step& step, bool in_place, int iterat
           recv + step.layout.recv_inplace_offset * rank * eb};
 }
 
-bool RankRunner::issue(const Step& step, bool in_place, int iteration) {
+bool RankRunner::issue(const Step& step, bool in_place, int64_t iteration) {
   Placed p = place(step, in_place, iteration);
   CallArgs a;
   a.send = p.send;

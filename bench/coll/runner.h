@@ -9,6 +9,7 @@
 #include <nccl.h>
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <string>
 
@@ -34,12 +35,14 @@ class RankRunner {
 
  private:
   // Page-aligned host memory, every page touched once, so no page fault lands in a timing.
-  // With -R 1 the memory comes from ncclMemAlloc and is registered on the comm.
+  // With -R 1 the memory comes from ncclMemAlloc and is registered on the comm; with -R 2 it
+  // is a symmetric window as well (ncclCommWindowRegister, collective: every rank calls it).
   struct Buffer {
     unsigned char* data = nullptr;
     size_t bytes = 0;
     bool nccl_memory = false;  // from ncclMemAlloc (else aligned_alloc)
     void* handle = nullptr;    // ncclCommRegister's
+    ncclWindow_t window = nullptr;  // ncclCommWindowRegister's (-R 2)
   };
   // One datatype x operator x root at one message size.
   struct Step {
@@ -73,6 +76,8 @@ class RankRunner {
   bool bench_size(const Step& step, Row* row);
   bool bench_placement(const Step& step, bool in_place, Placement* result);
   bool time_iterations(const Step& step, bool in_place, double* seconds);
+  // One timed iteration: -m calls, in one group when there are several.
+  bool issue_aggregated(const Step& step, bool in_place, int iteration);
   bool check_results(const Step& step, bool in_place, int64_t* wrong);
   // --compress: whether every rank's output equals rank 0's, bit for bit; *differs is 1 if not.
   bool check_same_everywhere(const Step& step, const Placed& p, int64_t* differs);
@@ -85,8 +90,8 @@ class RankRunner {
   bool read_counters(chorusByteCounters_t* counters);
   // Sums wire_/data_ over ranks and hands them to the reporter.
   bool report_bytes();
-  bool issue(const Step& step, bool in_place, int iteration);
-  Placed place(const Step& step, bool in_place, int iteration) const;
+  bool issue(const Step& step, bool in_place, int64_t iteration);
+  Placed place(const Step& step, bool in_place, int64_t iteration) const;
   bool synchronize();
   bool barrier();
   bool combine_time(double seconds, double* combined);

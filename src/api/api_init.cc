@@ -58,6 +58,8 @@ Status init_rank(ncclComm_t* out, int nranks, const std::vector<bootstrap::Uniqu
   *out = nullptr;
   if (nranks < 1) return invalid_argument("nranks {} must be at least 1", nranks);
   CHORUS_RETURN_IF_ERROR(check_rank("rank", rank, nranks));
+  // Once per process: a CHORUS_* name that nothing reads is most likely misspelt.
+  params::warn_unknown_env_once();
   CommConfig defaults;
   defaults.cu_device = cu_device;
   CHORUS_ASSIGN_OR_RETURN(CommConfig cfg, parse_config(config, defaults));

@@ -49,11 +49,26 @@ std::unordered_map<const void*, std::shared_ptr<Comm>>& comms() {
 
 ncclResult_t to_nccl(Code code) { return static_cast<ncclResult_t>(code); }
 
+log::Subsys subsys_of(std::string_view function) {
+  auto has = [function](std::string_view part) { return function.find(part) != function.npos; };
+  // The WARN line's subsystem follows what the call is about (a bad count passed to
+  // ncclAllReduce is COLL, not INIT), so that NCCL_DEBUG_SUBSYS-minded readers find it.
+  if (has("Overlap")) return log::kSched;  // chorusOverlapRegister registers a tensor
+  if (has("Register") || has("MemAlloc") || has("MemFree")) return log::kAlloc;
+  if (function.substr(0, 8) == "ncclComm" || has("UniqueId") || has("GetVersion") ||
+      has("chorusLaunch"))
+    return log::kInit;
+  return log::kColl;  // collectives, send/receive, groups, reduction ops, streams, compressors
+}
+
 ncclResult_t report(const char* function, const Status& status) {
   t_last_error = fmt::format("{}: {}", function, status.message());
   // An error logged where it was detected (a transport, a comm that broke) is not logged again.
-  if (!status.logged())
-    CHORUS_WARN(kInit, "{} failed: {} ({})", function, status.message(), code_name(status.code()));
+  if (!status.logged() && log::enabled(log::Level::kWarn, log::kAll)) {
+    log::write(log::Level::kWarn, subsys_of(function),
+               fmt::format("{} failed: {} ({})", function, status.message(),
+                           code_name(status.code())));
+  }
   return to_nccl(status.code());
 }
 

@@ -9,6 +9,7 @@
 
 #include <cstring>
 #include <memory>
+#include <string_view>
 #include <type_traits>
 #include <utility>
 
@@ -35,6 +36,9 @@ ncclResult_t to_nccl(Code code);
 // Records `status` as the calling thread's last error ("<function>: <message>"), logs it at
 // WARN (once, here, where the API reports it) and returns its ncclResult_t.
 ncclResult_t report(const char* function, const Status& status);
+// The log subsystem of an entry point's errors: INIT (communicator life cycle), ALLOC
+// (memory and registration), SCHED (overlap scheduler) or COLL (everything else).
+log::Subsys subsys_of(std::string_view function);
 const char* last_error();
 
 // Runs body() (returning Status) inside the C boundary: exceptions never escape, bad_alloc

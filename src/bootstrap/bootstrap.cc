@@ -3,6 +3,10 @@
 // The rank side of the rendezvous: create_unique_id(), exchange() and exchange_scalable().
 #include "bootstrap/bootstrap.h"
 
+#include <poll.h>
+
+#include <cerrno>
+
 #include "bootstrap/root_server.h"
 #include "net/socket.h"
 #include "bootstrap/wire.h"
@@ -16,20 +20,67 @@ static_assert(kMaxBlobBytes == wire::kMaxBlobBytes);
 
 namespace {
 
-// What a rank knows while it waits for the table, for error messages.
+// A rank can wait the whole bootstrap timeout for ranks that were never started or for a root
+// that is gone (a stale ncclUniqueId), and nothing else is printed at the default WARN level in
+// that time: say what the wait is for, first after kFirstNoteMs, then every kNoteIntervalMs.
+// The wait itself stays bounded by the caller's deadline.
+constexpr int64_t kFirstNoteMs = 5000;
+constexpr int64_t kNoteIntervalMs = 30000;
+
+// What a rank knows while it waits for the table, for error messages and waiting notes.
 struct Waiter {
   int rank = 0;
   std::string root;
   int64_t start_ns = 0;
   int64_t joined = -1;  // from the root's PROGRESS frames; -1: none received
   int64_t expected = 0;
+  int64_t next_note_ns = 0;  // when to say again that this rank is still waiting
+
+  Waiter(int rank_in, std::string root_in)
+      : rank(rank_in),
+        root(std::move(root_in)),
+        start_ns(now_ns()),
+        next_note_ns(start_ns + kFirstNoteMs * 1000000) {}
 
   std::string progress() const {
     if (joined < 0) return "the root reported no progress";
     return fmt::format("{} of {} ranks had joined", joined, expected);
   }
   int64_t elapsed_ms() const { return (now_ns() - start_ns) / 1000000; }
+
+  // Logs "still waiting" when a note is due; `what` says for what.
+  void note_if_due(Deadline deadline, std::string_view what) {
+    const int64_t now = now_ns();
+    if (now < next_note_ns) return;
+    next_note_ns = now + kNoteIntervalMs * 1000000;
+    std::string limit = "no time limit";
+    if (deadline.at_ns() != INT64_MAX) {
+      limit = fmt::format("gives up after {} s (CHORUS_BOOTSTRAP_TIMEOUT_MS)",
+                          (deadline.at_ns() - start_ns + 500000000) / 1000000000);
+    }
+    CHORUS_WARN(kBootstrap, "bootstrap: rank {} still waiting {} after {} s: {}; {}", rank, what,
+                (now - start_ns) / 1000000000, status_line(), limit);
+  }
+
+  std::string status_line() const {
+    if (joined < 0) return fmt::format("no answer yet from root {}", root);
+    return fmt::format("{} of {} ranks have joined root {}{}", joined, expected, root,
+                       joined < expected ? ", whose process logs which are missing" : "");
+  }
 };
+
+// Waits until `fd` has something to read (or the deadline passes: the read that follows then
+// fails with the usual message), saying every so often that the rank is still waiting.
+Status wait_readable(int fd, Waiter& w, Deadline deadline) {
+  for (;;) {
+    Deadline slice = deadline.earlier(w.next_note_ns);
+    pollfd p{fd, POLLIN, 0};
+    int rc = ::poll(&p, 1, slice.remaining_ms(1000));
+    if (rc > 0 || deadline.expired()) return ok_status();
+    if (rc < 0 && errno != EINTR) return system_error(errno, "poll() on the bootstrap socket");
+    w.note_if_due(deadline, "for ranks");
+  }
+}
 
 Status waiting_failed(const Waiter& w, Status status, Deadline deadline) {
   if (deadline.cancelled()) {
@@ -55,6 +106,7 @@ Result<std::vector<std::string>> receive_table(int fd, Waiter& w, int nranks,
   wire::FrameHeader header;
   std::string payload;
   for (;;) {
+    CHORUS_RETURN_IF_ERROR(wait_readable(fd, w, deadline));
     Status st = wire::read_frame(fd, deadline, &header, &payload);
     if (!st.ok()) return waiting_failed(w, std::move(st), deadline);
     switch (header.type) {
@@ -106,13 +158,19 @@ Result<std::vector<std::string>> receive_table(int fd, Waiter& w, int nranks,
 // Connects to `target`'s root, authenticates both ways, sends HELLO and waits for the table.
 Result<std::vector<std::string>> run_rank(const UniqueId& target, wire::Hello hello,
                                           const Secret* root0_secret, Deadline deadline) {
-  Waiter w{hello.rank, target.root.to_string(), now_ns()};
-  auto fd = net::connect_socket(target.root, deadline);
+  Waiter w(hello.rank, target.root.to_string());
+  // Connect in slices, to say between them that the root does not answer (a root that died
+  // leaves a unique id whose connections are refused until the deadline).
+  auto fd = net::connect_socket(target.root, deadline.earlier(w.next_note_ns));
+  while (!fd.ok() && !deadline.expired() && now_ns() >= w.next_note_ns) {
+    w.note_if_due(deadline, "to reach the root");
+    fd = net::connect_socket(target.root, deadline.earlier(w.next_note_ns));
+  }
   if (!fd.ok()) {
     return fd.take_status().with_context(fmt::format(
-        "bootstrap: rank {} cannot reach root {} (is the process that called ncclGetUniqueId "
-        "alive and reachable, and is CHORUS_SOCKET_IFNAME right?)",
-        hello.rank, w.root));
+        "bootstrap: rank {} cannot reach root {} after {} ms (is the process that called "
+        "ncclGetUniqueId alive and reachable, and is CHORUS_SOCKET_IFNAME right?)",
+        hello.rank, w.root, w.elapsed_ms()));
   }
   Secret session;
   Status st = auth_initiator(fd->get(), target.secret, kBootstrapContext, deadline, &session);

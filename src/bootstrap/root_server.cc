@@ -23,6 +23,10 @@ constexpr int kMaxHandshakes = 256;   // unauthenticated connections held at onc
 constexpr int kFramesPerWakeup = 16;  // fairness between connections
 constexpr int64_t kProgressIntervalMs = 1000;
 constexpr int64_t kCloseGraceMs = 1000;  // to flush an ERROR frame before closing
+// Once a rank has joined, a missing rank holds every joined one until the timeout: the root,
+// which alone knows which ranks are missing, says so at WARN (the ranks say how many).
+constexpr int64_t kFirstWaitingNoteMs = 5000;
+constexpr int64_t kWaitingNoteIntervalMs = 30000;
 
 int64_t saturating_deadline(int64_t start_ns, int64_t ms) {
   if (ms > (INT64_MAX - start_ns) / 1000000) return INT64_MAX;
@@ -46,6 +50,7 @@ void RootServer::run() {
   pthread_setname_np(pthread_self(), "chorus-root");
   CHORUS_INFO(kBootstrap, "{} started (communicator uid {:#x})", name_, id_.comm_uid);
   next_progress_ns_ = now_ns() + kProgressIntervalMs * 1000000;
+  next_waiting_note_ns_ = start_ns_ + kFirstWaitingNoteMs * 1000000;
   while (!done_) poll_once();
   listen_fd_.reset();
   peers_.clear();
@@ -245,6 +250,17 @@ void RootServer::on_timer() {
   if (!done_ && now >= next_progress_ns_) {
     broadcast_progress();
     next_progress_ns_ = now + kProgressIntervalMs * 1000000;
+  }
+  // Not before a first rank joined: until then the id may simply not be in use yet.
+  if (!done_ && !table_ready_ && nranks_ > 0 && now >= next_waiting_note_ns_) {
+    next_waiting_note_ns_ = now + kWaitingNoteIntervalMs * 1000000;
+    std::string limit = "no time limit";
+    if (end_ns_ != INT64_MAX) {
+      limit = fmt::format("gives up after {} s (CHORUS_BOOTSTRAP_TIMEOUT_MS)",
+                          (end_ns_ - start_ns_ + 500000000) / 1000000000);
+    }
+    CHORUS_WARN(kBootstrap, "{}: still waiting for ranks after {} s: {}; {}", name_,
+                (now - start_ns_) / 1000000000, missing_ranks(), limit);
   }
 }
 

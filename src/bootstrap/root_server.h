@@ -122,6 +122,7 @@ class RootServer {
   bool table_ready_ = false;
   int last_progress_joined_ = 0;
   int64_t next_progress_ns_ = 0;
+  int64_t next_waiting_note_ns_ = 0;  // when to log "still waiting for ranks" again
 };
 
 struct RootServer::Peer {

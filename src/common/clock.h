@@ -55,6 +55,9 @@ class Deadline {
     return slice < at_ns_ ? slice : at_ns_;
   }
   int64_t at_ns() const { return at_ns_; }
+  // This deadline, or `at_ns` if that comes first (same cancel flag): a slice of a long wait
+  // that has something to do at `at_ns`, such as saying that it is still waiting.
+  Deadline earlier(int64_t at_ns) const { return Deadline(at_ns < at_ns_ ? at_ns : at_ns_, cancel_); }
 
  private:
   Deadline(int64_t at_ns, const std::atomic<bool>* cancel) : at_ns_(at_ns), cancel_(cancel) {}

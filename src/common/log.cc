@@ -77,6 +77,17 @@ std::string expand_path(const std::string& pattern) {
   return out;
 }
 
+// Writes one line; g_mutex is held.
+void write_locked(Level level, Subsys subsys, std::string_view message) {
+  static constexpr const char* kLevelNames[] = {"NONE", "VERSION", "WARN", "INFO", "TRACE"};
+  // Not cached: after fork() the calling thread has a new id.
+  long tid = static_cast<long>(syscall(SYS_gettid));
+  std::string line = fmt::format("{}:{}:{} [{}] CHORUS {} {} {}\n", g_hostname, getpid(), tid,
+                                 t_rank, kLevelNames[static_cast<int>(level)],
+                                 subsys_name(subsys), message);
+  std::fwrite(line.data(), 1, line.size(), g_file ? g_file : stderr);
+}
+
 void init_locked() {
   char host[256] = {};
   gethostname(host, sizeof(host) - 1);
@@ -96,7 +107,19 @@ void init_locked() {
     }
   }
   g_state.mask.store(parse_mask(params::kDebugSubsys.get()), std::memory_order_relaxed);
-  g_state.level.store(parse_level(params::kDebug.get()), std::memory_order_release);
+  const int level = parse_level(params::kDebug.get());
+  g_state.level.store(level, std::memory_order_release);
+#ifndef CHORUS_ENABLE_TRACE
+  // TRACE lines are compiled out of this build (they cost even when off), so TRACE would
+  // silently log what INFO logs: say so, once per process.
+  static bool trace_noted = false;
+  if (level == static_cast<int>(Level::kTrace) && !trace_noted) {
+    trace_noted = true;
+    write_locked(Level::kWarn, kInit,
+                 "TRACE was asked for (CHORUS_DEBUG or NCCL_DEBUG) but this build has no TRACE "
+                 "lines: logging at INFO. Rebuild with cmake -DCHORUS_ENABLE_TRACE=ON for them");
+  }
+#endif
 }
 
 }  // namespace
@@ -118,20 +141,22 @@ std::string_view subsys_name(Subsys subsys) {
   return "ALL";
 }
 
+bool trace_compiled_in() {
+#ifdef CHORUS_ENABLE_TRACE
+  return true;
+#else
+  return false;
+#endif
+}
+
 void set_thread_rank(int rank) { t_rank = rank; }
 int thread_rank() { return t_rank; }
 
 void write(Level level, Subsys subsys, std::string_view message) {
-  static constexpr const char* kLevelNames[] = {"NONE", "VERSION", "WARN", "INFO", "TRACE"};
-  // Not cached: after fork() the calling thread has a new id.
-  long tid = static_cast<long>(syscall(SYS_gettid));
   // g_hostname is (re)written by init_locked() under g_mutex, possibly on another thread after
   // this one saw the level set (a relaxed load): read it under the mutex too.
   std::lock_guard<ForkSafeMutex> lock(g_mutex);
-  std::string line = fmt::format("{}:{}:{} [{}] CHORUS {} {} {}\n", g_hostname, getpid(), tid,
-                                 t_rank, kLevelNames[static_cast<int>(level)],
-                                 subsys_name(subsys), message);
-  std::fwrite(line.data(), 1, line.size(), g_file ? g_file : stderr);
+  write_locked(level, subsys, message);
 }
 
 bool rate_limit_pass(std::atomic<int64_t>& last_ms, int64_t interval_ms) {

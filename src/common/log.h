@@ -67,6 +67,9 @@ int thread_rank();
 bool rate_limit_pass(std::atomic<int64_t>& last_ms, int64_t interval_ms);
 
 std::string_view subsys_name(Subsys subsys);
+// Whether this build has its TRACE lines (cmake -DCHORUS_ENABLE_TRACE=ON); without them
+// TRACE logs what INFO does, and a note says so once.
+bool trace_compiled_in();
 
 }  // namespace chorus::log
 

@@ -15,6 +15,10 @@
 #include <mutex>
 #include <optional>
 
+#include "common/log.h"
+
+extern char** environ;  // NOLINT: POSIX
+
 namespace chorus::params {
 
 // ---- The parameters -------------------------------------------------------------------------
@@ -366,6 +370,90 @@ std::string StringParam::parse(std::string_view text) {
     choices.remove_prefix(comma + 1);
   }
   return fmt::format("not one of {}", choices_);
+}
+
+// ---- Unknown CHORUS_* names ----------------------------------------------------------------
+
+namespace {
+
+// CHORUS_* names read outside this registry: the per-rank variables that chorus-run sets
+// (read by api/api_launch.cc; CHORUS_LOCAL_RANK is for the program), the config file's path,
+// and the scripts' path to chorus-run.
+constexpr const char* kOtherEnvNames[] = {
+    "CHORUS_CONF_FILE", "CHORUS_UNIQUE_ID", "CHORUS_RANK", "CHORUS_NRANKS", "CHORUS_LOCAL_RANK",
+    "CHORUS_RUN",  // scripts/testbed.sh: the chorus-run to launch with
+};
+// Prefixes that belong to the tests, benchmarks and scripts, never to the library: their
+// variables pass through the environment of the processes they start, and must not warn.
+// (tests: CHORUS_TEST_*; bench: CHORUS_BENCH_*; the soft-RoCE and RDMA scripts: CHORUS_RDMA_*,
+// CHORUS_RXE_*; scripts/sanitizers.sh: CHORUS_FUZZ_*, CHORUS_SAN_*; soak: CHORUS_SOAK_*;
+// accuracy checks: CHORUS_ACCURACY_*; the launcher's tests: CHORUS_X_*.)
+constexpr const char* kForeignEnvPrefixes[] = {
+    "CHORUS_TEST_", "CHORUS_BENCH_", "CHORUS_RDMA_", "CHORUS_RXE_",      "CHORUS_FUZZ_",
+    "CHORUS_SAN_",  "CHORUS_SOAK_",  "CHORUS_X_",    "CHORUS_ACCURACY_",
+};
+
+bool starts_with(std::string_view s, std::string_view prefix) {
+  return s.substr(0, prefix.size()) == prefix;
+}
+
+size_t edit_distance(std::string_view a, std::string_view b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diagonal = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] != b[j - 1] ? 1 : 0)});
+      diagonal = up;
+    }
+  }
+  return row[b.size()];
+}
+
+}  // namespace
+
+std::vector<std::string> unknown_env_names(const char* const* envp) {
+  std::vector<std::string> unknown;
+  if (envp == nullptr) return unknown;
+  for (const char* const* e = envp; *e != nullptr; ++e) {
+    std::string_view entry(*e);
+    std::string_view name = entry.substr(0, entry.find('='));
+    if (!starts_with(name, "CHORUS_")) continue;
+    bool known = false;
+    for (const Param* p : all()) known = known || name == p->env_name();
+    for (const char* other : kOtherEnvNames) known = known || name == other;
+    for (const char* prefix : kForeignEnvPrefixes) known = known || starts_with(name, prefix);
+    if (!known) unknown.emplace_back(name);
+  }
+  std::sort(unknown.begin(), unknown.end());
+  return unknown;
+}
+
+std::string nearest_env_name(std::string_view env_name) {
+  std::string best;
+  size_t best_distance = 4;  // more than 3 edits apart is not a typing mistake
+  for (const Param* p : all()) {
+    std::string candidate = p->env_name();
+    size_t d = edit_distance(env_name, candidate);
+    if (d < best_distance) {
+      best_distance = d;
+      best = std::move(candidate);
+    }
+  }
+  return best;
+}
+
+void warn_unknown_env_once() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    for (const std::string& name : unknown_env_names(environ)) {
+      std::string nearest = nearest_env_name(name);
+      CHORUS_WARN(kEnv, "{} is not a Chorus parameter and is ignored{} (chorus-info lists them)",
+                  name, nearest.empty() ? "" : fmt::format("; did you mean {}?", nearest));
+    }
+  });
 }
 
 }  // namespace chorus::params

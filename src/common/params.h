@@ -94,6 +94,18 @@ uint64_t generation();
 // Parses a size with an optional K/M/G suffix (powers of 1024) or an integer; false if invalid.
 bool parse_int(std::string_view text, int64_t* out);
 
+// A misspelt CHORUS_* variable would otherwise be ignored without a word. The CHORUS_* names in
+// `envp` (an environ-style, NULL-terminated array) that are neither a parameter nor another name
+// that Chorus reads (the launcher's CHORUS_RANK..., CHORUS_CONF_FILE) nor under a prefix that
+// the tests, benchmarks and scripts keep for themselves (kForeignEnvPrefixes in params.cc).
+std::vector<std::string> unknown_env_names(const char* const* envp);
+// The parameter's environment name nearest to `env_name` ("CHORUS_NCHANNEL" ->
+// "CHORUS_NCHANNELS"), or "" when none is within a few typing mistakes.
+std::string nearest_env_name(std::string_view env_name);
+// Logs unknown_env_names(environ) at WARN, once per process (communicator initialisation calls
+// it).
+void warn_unknown_env_once();
+
 // ---- The parameters -------------------------------------------------------------------------
 // Logging (read by common/log.cc).
 extern StringParam kDebug;

@@ -97,7 +97,9 @@ void Comm::poison(Status& why) {
     failed_.store(true, std::memory_order_release);
   }
   if (first_log) CHORUS_WARN(kColl, "{}: {}", describe(), why.message());
-  CHORUS_WARN(kColl, "{}", recorder_.dump(describe(), /*with_failures=*/false));
+  // The line above (or the one where the failure was detected) says what went wrong; the
+  // recent operations are detail for whoever digs, not a page per rank at the default level.
+  CHORUS_INFO(kColl, "{}", recorder_.dump(describe(), /*with_failures=*/false));
   if (state() == State::kReady) state_.store(State::kFailed, std::memory_order_release);
   ProcessContext::get().ring_local();
 }

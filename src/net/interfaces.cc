@@ -48,8 +48,7 @@ std::string describe(const std::vector<Interface>& list) {
   std::string text;
   for (const auto& itf : list) {
     if (!text.empty()) text += ", ";
-    std::string addr = itf.addr.to_string();
-    text += fmt::format("{} {}", itf.name, addr.substr(0, addr.rfind(':')));
+    text += fmt::format("{} {}", itf.name, itf.addr.ip_string());
   }
   return text.empty() ? "none" : text;
 }

@@ -38,16 +38,22 @@ void SockAddr::set_port(uint16_t port) {
 }
 
 std::string SockAddr::to_string() const {
+  if (family() == AF_INET) return fmt::format("{}:{}", ip_string(), port());
+  if (family() == AF_INET6) return fmt::format("[{}]:{}", ip_string(), port());
+  return "<none>";
+}
+
+std::string SockAddr::ip_string() const {
   char ip[INET6_ADDRSTRLEN] = {};
   if (family() == AF_INET) {
     inet_ntop(AF_INET, &reinterpret_cast<const sockaddr_in*>(&storage)->sin_addr, ip, sizeof(ip));
-    return fmt::format("{}:{}", ip, port());
+    return ip;
   }
   if (family() == AF_INET6) {
     const auto* in6 = reinterpret_cast<const sockaddr_in6*>(&storage);
     inet_ntop(AF_INET6, &in6->sin6_addr, ip, sizeof(ip));
-    if (in6->sin6_scope_id != 0) return fmt::format("[{}%{}]:{}", ip, in6->sin6_scope_id, port());
-    return fmt::format("[{}]:{}", ip, port());
+    if (in6->sin6_scope_id != 0) return fmt::format("{}%{}", ip, in6->sin6_scope_id);
+    return ip;
   }
   return "<none>";
 }

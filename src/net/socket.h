@@ -33,6 +33,9 @@ struct SockAddr {
   bool empty() const { return len == 0; }
   // "192.0.2.2:41234", "[fd00::2]:41234", or "<none>".
   std::string to_string() const;
+  // The address alone: "192.0.2.2", "fd00::2", "fe80::1%2", or "<none>" (an interface's
+  // address has no port: to_string() would print ":0").
+  std::string ip_string() const;
   // Address and port equal (scope id included for IPv6).
   bool operator==(const SockAddr& other) const;
 

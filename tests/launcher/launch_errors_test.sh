@@ -46,5 +46,44 @@ if [ "$out" != "given" ]; then
 else
   echo "ok   -x override: ranks saw '$out'"
 fi
-echo "$((6 - failures)) passed, $failures failed"
+# Command-line mistakes are named, not only answered with the usage line (exit status 2).
+usage_check() {  # usage_check <label> <expected text in stderr> <chorus-run arguments...>
+  local label=$1 expect=$2
+  shift 2
+  err=$("$run" "$@" 2>&1 >/dev/null)
+  status=$?
+  if [ "$status" -ne 2 ] || [[ "$err" != *"$expect"* ]] || [[ "$err" != *"usage:"* ]]; then
+    echo "FAIL $label: status $status, stderr '$err' does not say '$expect'"
+    failures=$((failures + 1))
+  else
+    echo "ok   $label: ${err%%$'\n'*}"
+  fi
+}
+usage_check "-n 0" "-n must be at least 1 (got 0)" -n 0 true
+usage_check "-n x" "-n 'x' is not a number" -n x true
+usage_check "no program" "no program to start" -n 2
+usage_check "unknown option" "unknown option '--nope'" --nope -n 2 true
+usage_check "bad --timeout" "--timeout '-1' is not a number of seconds" -n 2 --timeout -1 true
+help=$("$run" --help 2>&1)
+if [ $? -ne 0 ] || [[ "$help" != *"--timeout SECONDS"* ]]; then
+  echo "FAIL --help: '$help'"; failures=$((failures + 1))
+else
+  echo "ok   --help"
+fi
+# A timeout that fires names itself: "stopped by the launcher after --timeout 1 s".
+out=$("$run" -n 2 --timeout 1 sleep 30 2>&1)
+status=$?
+if [ "$status" -eq 0 ] || [[ "$out" != *"was stopped by the launcher after --timeout 1 s"* ]]; then
+  echo "FAIL --timeout fired: status $status, '$out'"; failures=$((failures + 1))
+else
+  echo "ok   --timeout fired: ${out%%$'\n'*}"
+fi
+# A failing rank stops the others, and they say so.
+out=$("$run" -n 2 sh -c '[ "$CHORUS_RANK" = 1 ] && exit 3; exec sleep 30' 2>&1)
+if [[ "$out" != *"rank 1 "*"exited with 3"* ]] || [[ "$out" != *"rank 0 "*"stopped by the launcher after rank 1 failed"* ]]; then
+  echo "FAIL a failing rank stops the others: '$out'"; failures=$((failures + 1))
+else
+  echo "ok   a failing rank stops the others"
+fi
+echo "$((14 - failures)) passed, $failures failed"
 [ "$failures" -eq 0 ]

@@ -597,49 +597,73 @@ TEST_CASE("ncclCommAbort from another thread ends a blocked collective and frees
 }
 
 TEST_CASE("mismatched collectives fail with ncclInvalidUsage naming both calls", "[mp][fault]") {
-  for (const char* transport : {"SHM", "TCP"}) {
-    const int nranks = 2;
-    Children children;
-    // Each rank logs to its own file: the failure must be logged once, where it is detected
-    // (or where the peer's farewell brings it), not again by the comm and the API.
-    std::string log_pattern = fmt::format("/tmp/chorus_fault_log_{}_%p.log", getpid());
-    spawn(&children, nranks,
-          {fmt::format("CHORUS_TRANSPORT={}", transport), "CHORUS_DEBUG=WARN",
-           "CHORUS_DEBUG_FILE=" + log_pattern},
-          [&](const ChildEnv& env) -> std::string {
-            ncclComm_t comm = init(env.id, nranks, env.rank);
-            if (comm == nullptr) return "init=failed msg=" + last_error();
-            std::vector<float> buf(2048, 1.0f);
-            ncclResult_t r =
-                env.rank == 0
-                    ? ncclAllReduce(buf.data(), buf.data(), 1024, ncclFloat, ncclSum, comm, nullptr)
-                    : ncclAllGather(buf.data(), buf.data(), 1024, ncclFloat, comm, nullptr);
-            std::string msg = last_error();
-            ncclCommAbort(comm);
-            std::string path = log_pattern;
-            path.replace(path.find("%p"), 2, std::to_string(getpid()));
-            int mentions = 0;
-            if (FILE* f = fopen(path.c_str(), "r")) {
-              char line[8192];
-              while (fgets(line, sizeof(line), f) != nullptr)
-                if (strstr(line, " but rank ") && strstr(line, "expects")) ++mentions;
-              fclose(f);
-            }
-            unlink(path.c_str());
-            return fmt::format("result={} logged={} msg={}", static_cast<int>(r), mentions, msg);
-          });
-    collect(&children, 60000);
-    for (const Child& c : children) {
-      INFO(transport << ": " << c.report);
-      auto kv = parse(c.report);
-      REQUIRE(kv.count("result"));
-      CHECK(kv["result"] == std::to_string(ncclInvalidUsage));
-      // "rank 1 sent AllGather #0 (count 1024, float) ... but rank 0 expects AllReduce #0 ..."
-      CHECK(kv["msg"].find("AllReduce #0") != std::string::npos);
-      CHECK(kv["msg"].find("AllGather #0") != std::string::npos);
-      CHECK(kv["msg"].find("rank 0") != std::string::npos);
-      CHECK(kv["msg"].find("rank 1") != std::string::npos);
-      CHECK(kv["logged"] == "1");
+  // Two mistakes: different collectives, and one collective with different counts (large
+  // enough that both ranks take the same algorithm: smaller ones may wait for the timeout).
+  for (bool counts : {false, true}) {
+    for (const char* transport : {"SHM", "TCP"}) {
+      const int nranks = 2;
+      Children children;
+      // Each rank logs to its own file: the failure must be logged once, where it is detected
+      // (or where the peer's farewell brings it), not again by the comm and the API; at the
+      // default level that is all (the flight recorder is INFO).
+      std::string log_pattern = fmt::format("/tmp/chorus_fault_log_{}_%p.log", getpid());
+      spawn(&children, nranks,
+            {fmt::format("CHORUS_TRANSPORT={}", transport), "CHORUS_DEBUG=WARN",
+             "CHORUS_DEBUG_FILE=" + log_pattern},
+            [&](const ChildEnv& env) -> std::string {
+              ncclComm_t comm = init(env.id, nranks, env.rank);
+              if (comm == nullptr) return "init=failed msg=" + last_error();
+              std::vector<float> buf(1 << 18, 1.0f);
+              ncclResult_t r;
+              if (counts) {
+                size_t count = env.rank == 0 ? 65536 : 131072;
+                r = ncclAllReduce(buf.data(), buf.data(), count, ncclFloat, ncclSum, comm, nullptr);
+              } else if (env.rank == 0) {
+                r = ncclAllReduce(buf.data(), buf.data(), 1024, ncclFloat, ncclSum, comm, nullptr);
+              } else {
+                r = ncclAllGather(buf.data(), buf.data(), 1024, ncclFloat, comm, nullptr);
+              }
+              std::string msg = last_error();
+              ncclCommAbort(comm);
+              std::string path = log_pattern;
+              path.replace(path.find("%p"), 2, std::to_string(getpid()));
+              int mentions = 0, lines = 0, recorder = 0;
+              if (FILE* f = fopen(path.c_str(), "r")) {
+                char line[8192];
+                while (fgets(line, sizeof(line), f) != nullptr) {
+                  ++lines;
+                  if (strstr(line, " but rank ") && strstr(line, "expects")) ++mentions;
+                  if (strstr(line, "flight recorder")) ++recorder;
+                }
+                fclose(f);
+              }
+              unlink(path.c_str());
+              return fmt::format("result={} logged={} lines={} recorder={} msg={}",
+                                 static_cast<int>(r), mentions, lines, recorder, msg);
+            });
+      collect(&children, 60000);
+      for (const Child& c : children) {
+        INFO(transport << (counts ? ", counts" : ", collectives") << ": " << c.report);
+        auto kv = parse(c.report);
+        REQUIRE(kv.count("result"));
+        CHECK(kv["result"] == std::to_string(ncclInvalidUsage));
+        if (counts) {
+          // "rank 1 sent AllReduce #0 (count 131072, float, sum) in a message of N bytes but
+          // rank 0 expects AllReduce #0 (count 65536, float, sum) in a message of M bytes"
+          CHECK(kv["msg"].find("(count 65536, float, sum) in a message of") != std::string::npos);
+          CHECK(kv["msg"].find("(count 131072, float, sum) in a message of") !=
+                std::string::npos);
+        } else {
+          // "rank 1 sent AllGather #0 (count 1024, float) ... but rank 0 expects AllReduce #0"
+          CHECK(kv["msg"].find("AllReduce #0") != std::string::npos);
+          CHECK(kv["msg"].find("AllGather #0") != std::string::npos);
+        }
+        CHECK(kv["msg"].find("rank 0") != std::string::npos);
+        CHECK(kv["msg"].find("rank 1") != std::string::npos);
+        CHECK(kv["logged"] == "1");
+        CHECK(std::stoi(kv["lines"]) <= 2);
+        CHECK(kv["recorder"] == "0");
+      }
     }
   }
 }

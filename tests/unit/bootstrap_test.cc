@@ -12,12 +12,16 @@
 #include <catch2/catch.hpp>
 #include <atomic>
 #include <csignal>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "common/log.h"
+#include "common/params.h"
 #include "net/auth.h"
 #include "net/socket.h"
 #include "bootstrap/unique_id.h"
@@ -129,6 +133,10 @@ TEST_CASE("SockAddr parses, prints and compares", "[unit][bootstrap]") {
   auto v6 = net::SockAddr::parse("fd00::2", 41234);
   REQUIRE(v6.ok());
   CHECK(v6->to_string() == "[fd00::2]:41234");
+  // The address alone (an interface's, which has no port to print).
+  CHECK(v4->ip_string() == "192.0.2.2");
+  CHECK(v6->ip_string() == "fd00::2");
+  CHECK(net::SockAddr().ip_string() == "<none>");
   auto copy = net::SockAddr::from_sockaddr(v6->sa(), v6->len);
   REQUIRE(copy.ok());
   CHECK(*copy == *v6);
@@ -348,6 +356,68 @@ TEST_CASE("a root that times out names the missing ranks and exits", "[unit][boo
   CHECK(lonely.status().code() == Code::kRemoteError);
   CHECK_THAT(lonely.status().message(), Catch::Contains("never joined: 1-2"));
   CHECK(roots_drop_to(baseline));
+}
+
+// Runs fn with the log at WARN going to a file of its own; returns what was logged.
+std::string logged_while(const std::function<void()>& fn) {
+  char path[] = "/tmp/chorus_bootstrap_log_XXXXXX";
+  int fd = mkstemp(path);
+  REQUIRE(fd >= 0);
+  close(fd);
+  setenv("CHORUS_DEBUG_FILE", path, 1);
+  setenv("CHORUS_DEBUG", "WARN", 1);
+  params::reload_for_testing();
+  log::reset();
+  fn();
+  unsetenv("CHORUS_DEBUG_FILE");
+  unsetenv("CHORUS_DEBUG");
+  params::reload_for_testing();
+  log::reset();
+  std::string text;
+  if (FILE* f = std::fopen(path, "r")) {
+    char buf[4096];
+    size_t n;
+    while ((n = std::fread(buf, 1, sizeof(buf), f)) > 0) text.append(buf, n);
+    std::fclose(f);
+  }
+  unlink(path);
+  return text;
+}
+
+TEST_CASE("a rank waiting for missing ranks says so before its timeout", "[unit][bootstrap]") {
+  // 2 ranks announced, 1 started: after 5 s the rank says how many joined, the root which
+  // rank is missing; the wait still ends at the deadline.
+  auto id = create_unique_id();
+  REQUIRE(id.ok());
+  Result<Table> lonely(internal_error("not run"));
+  std::string log_text = logged_while(
+      [&] { lonely = exchange(*id, 0, 2, blob_of(0), Deadline::after_ms(7000)); });
+  REQUIRE_FALSE(lonely.ok());
+  CHECK_THAT(lonely.status().message(), Catch::Contains("no answer from root"));
+  INFO(log_text);
+  CHECK_THAT(log_text, Catch::Contains("WARN"));
+  CHECK_THAT(log_text, Catch::Contains("rank 0 still waiting for ranks after 5 s: 1 of 2 ranks "
+                                       "have joined root " + id->root.to_string()));
+  CHECK_THAT(log_text, Catch::Contains("whose process logs which are missing; gives up after 7 s "
+                                       "(CHORUS_BOOTSTRAP_TIMEOUT_MS)"));
+  CHECK_THAT(log_text, Catch::Contains("still waiting for ranks after 5 s: 1 of 2 ranks joined; "
+                                       "never joined: 1"));
+}
+
+TEST_CASE("a rank whose root is gone says so before its timeout", "[unit][bootstrap]") {
+  // A stale unique id: its root timed out and closed, so every connect is refused.
+  int baseline = active_root_servers();
+  auto id = create_unique_id(100);
+  REQUIRE(id.ok());
+  REQUIRE(roots_drop_to(baseline));
+  Result<Table> stale(internal_error("not run"));
+  std::string log_text = logged_while(
+      [&] { stale = exchange(*id, 1, 2, blob_of(1), Deadline::after_ms(6000)); });
+  REQUIRE_FALSE(stale.ok());
+  CHECK_THAT(stale.status().message(), Catch::Contains("cannot reach root"));
+  INFO(log_text);
+  CHECK_THAT(log_text, Catch::Contains("rank 1 still waiting to reach the root after 5 s: no "
+                                       "answer yet from root " + id->root.to_string()));
 }
 
 TEST_CASE("bad arguments are rejected", "[unit][bootstrap]") {

@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <string>
+#include <vector>
 
 #include "common/params.h"
 
@@ -101,6 +102,33 @@ TEST_CASE("a config file supplies values the environment does not", "[unit][para
   CHECK(kDebug.get() == "INFO");
   CHECK(kChunkBytes.get() == 64 << 10);
   std::remove(path.c_str());
+}
+
+TEST_CASE("misspelt CHORUS_ names are found, tools' and scripts' own names are not",
+          "[unit][params]") {
+  const char* env[] = {
+      "CHORUS_NCHANNEL=4",         // misspelt CHORUS_NCHANNELS
+      "CHORUS_NCHANNELS=2",        // a parameter
+      "CHORUS_DEBG=INFO",          // misspelt CHORUS_DEBUG
+      "CHORUS_RANK=0",             // set by chorus-run
+      "CHORUS_UNIQUE_ID=00",       // set by chorus-run
+      "CHORUS_CONF_FILE=/x",       // the config file's path
+      "CHORUS_TEST_TRANSPORTS=tcp",  // tests
+      "CHORUS_BENCH_ANYTHING=1",   // benchmarks
+      "CHORUS_RDMA_DEV=rxe0",      // RDMA scripts
+      "CHORUS_SOAK_SECONDS=5",     // soak
+      "NCCL_NCHANNEL=3",           // not ours to judge
+      "CHORUS_=1",                 // empty name: unknown
+      "CHORUS_ZZZZZZZZZZZZZZZZZZZZ",  // no '=' at all
+      nullptr,
+  };
+  CHECK(unknown_env_names(env) ==
+        std::vector<std::string>{"CHORUS_", "CHORUS_DEBG", "CHORUS_NCHANNEL",
+                                 "CHORUS_ZZZZZZZZZZZZZZZZZZZZ"});
+  CHECK(nearest_env_name("CHORUS_NCHANNEL") == "CHORUS_NCHANNELS");
+  CHECK(nearest_env_name("CHORUS_DEBG") == "CHORUS_DEBUG");
+  CHECK(nearest_env_name("CHORUS_ZZZZZZZZZZZZZZZZZZZZ").empty());
+  CHECK(unknown_env_names(nullptr).empty());
 }
 
 }  // namespace

@@ -379,8 +379,10 @@ TEST_CASE("shm: a mismatched tag or size fails with both descriptions", "[unit][
   REQUIRE(drive({a, b}, {&s, &v}) != "");
   REQUIRE(v.failed());
   REQUIRE(b->error().code() == Code::kInvalidUsage);
-  REQUIRE(b->error().message() == fmt::format("rank 0 sent {} (32 bytes) but rank 1 expects {} "
-                                              "({} bytes) from it",
+  // The size is the message's, said apart from the call's count (a ring step's message is a
+  // part of the call: "(count 8, float) (32 bytes)" read as the call's size).
+  REQUIRE(b->error().message() == fmt::format("rank 0 sent {} in a message of 32 bytes but rank 1 "
+                                              "expects {} in a message of {} bytes from it",
                                               describe_tag(sent_tag), describe_tag(want_tag),
                                               v.bytes));
   if (!size_differs) {

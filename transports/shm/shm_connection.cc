@@ -619,9 +619,9 @@ bool ShmConnection::check_consumer_closed() {
   // Sends complete once copied into the ring (or read by reference); nobody would read these.
   const SendRequest* req = sends_.empty() ? by_reference_.front() : sends_.front();
   fail_all(remote_error(
-      "rank {} (pid {}) closed its shared-memory connection (channel {}): {} ({} bytes) from "
-      "rank {} cannot be delivered",
-      peer(), peer_pid_, channel(), describe_tag(req->tag), req->bytes, self_rank_));
+      "rank {} (pid {}) closed its shared-memory connection (channel {}): {} from rank {} "
+      "cannot be delivered",
+      peer(), peer_pid_, channel(), describe_message(req->tag, req->bytes), self_rank_));
   return true;
 }
 
@@ -634,8 +634,8 @@ bool ShmConnection::check_producer_closed() {
   const RecvRequest* req = recvs_.front();
   fail_all(remote_error(
       "rank {} (pid {}) closed its shared-memory connection (channel {}) before sending {} "
-      "({} bytes) that rank {} expects from it",
-      peer(), peer_pid_, channel(), describe_tag(req->tag), req->bytes, self_rank_));
+      "that rank {} expects from it",
+      peer(), peer_pid_, channel(), describe_message(req->tag, req->bytes), self_rank_));
   return true;
 }
 
