@@ -382,15 +382,20 @@ namespace {
 constexpr const char* kOtherEnvNames[] = {
     "CHORUS_CONF_FILE", "CHORUS_UNIQUE_ID", "CHORUS_RANK", "CHORUS_NRANKS", "CHORUS_LOCAL_RANK",
     "CHORUS_RUN",  // scripts/testbed.sh: the chorus-run to launch with
+    // chorusCommInitFromEnv (bootstrap/launch_env.h): the job secret is not a parameter, so
+    // that chorus-info never prints it.
+    "CHORUS_JOB_SECRET", "CHORUS_JOB_SECRET_FILE", "CHORUS_RENDEZVOUS_ADDR",
+    "CHORUS_RENDEZVOUS_PORT",
 };
 // Prefixes that belong to the tests, benchmarks and scripts, never to the library: their
 // variables pass through the environment of the processes they start, and must not warn.
 // (tests: CHORUS_TEST_*; bench: CHORUS_BENCH_*; the soft-RoCE and RDMA scripts: CHORUS_RDMA_*,
 // CHORUS_RXE_*; scripts/sanitizers.sh: CHORUS_FUZZ_*, CHORUS_SAN_*; soak: CHORUS_SOAK_*;
-// accuracy checks: CHORUS_ACCURACY_*; the launcher's tests: CHORUS_X_*.)
+// accuracy checks: CHORUS_ACCURACY_*; the launcher's tests: CHORUS_X_*; the torch backend's
+// tests and benchmark: CHORUS_TORCH_*.)
 constexpr const char* kForeignEnvPrefixes[] = {
     "CHORUS_TEST_", "CHORUS_BENCH_", "CHORUS_RDMA_", "CHORUS_RXE_",      "CHORUS_FUZZ_",
-    "CHORUS_SAN_",  "CHORUS_SOAK_",  "CHORUS_X_",    "CHORUS_ACCURACY_",
+    "CHORUS_SAN_",  "CHORUS_SOAK_",  "CHORUS_X_",    "CHORUS_ACCURACY_", "CHORUS_TORCH_",
 };
 
 bool starts_with(std::string_view s, std::string_view prefix) {
