@@ -78,14 +78,23 @@ run_torchrun() {  # <log> <script> [args...]
         "$HERE/$script" --backend-under-test "$UT" "$@" >"$log" 2>&1
 }
 
+# Count distinct ranks that printed a success line.  Matched anywhere in a line (grep -o), not at its
+# start: the ranks share torchrun's stdout, and one rank's line can land glued onto another's.
+count_ok() {  # <log> <regex ending in 'rank '>
+    grep -o "$2[0-9]*" "$1" | sort -u | wc -l
+}
+
 FAILED=0
 report() {  # <name> <ok:0|1> <log> [why]
     if [ "$2" = 0 ]; then
         echo "ok   $1"
     else
         echo "FAIL $1${4:+ ($4)}"
+        echo "---- failures reported in $3:"
+        grep -o -E '(MISMATCH|EXCEPTION|WATCHDOG|dead rank test: FAIL|ddp test: [0-9]+ FAIL|init methods test: FAIL|\[rank [0-9]+\] FAIL)[^[]*' "$3" \
+            | sort -u | head -60
         echo "---- last lines of $3:"
-        grep -v -e 'UserWarning' -e '^  warnings.warn' "$3" | tail -40
+        grep -v -e 'UserWarning' -e '^  warnings.warn' "$3" | tail -15
         echo "----"
         FAILED=1
     fi
@@ -96,13 +105,13 @@ echo "torch tests: backend under test '$UT', $NPROC ranks, build $BUILD, logs in
 # collectives: every rank must print its final line, and torchrun must exit 0
 log=$LOGDIR/collectives.log
 run_torchrun "$log" collectives_test.py; rc=$?
-n=$(grep -c '^collectives test: [0-9]* checks passed on rank' "$log")
-if [ $rc = 0 ] && [ "$n" = "$NPROC" ]; then report collectives_test 0 "$log"; grep -h '^collectives test:' "$log" | head -1
+n=$(count_ok "$log" 'collectives test: [0-9]* checks passed on rank ')
+if [ $rc = 0 ] && [ "$n" = "$NPROC" ]; then report collectives_test 0 "$log"; grep -o 'collectives test: [0-9]* checks passed on rank 0 ([^)]*)' "$log" | head -1
 else report collectives_test 1 "$log" "rc=$rc, $n/$NPROC ranks passed"; fi
 
 log=$LOGDIR/ddp.log
 run_torchrun "$log" ddp_test.py; rc=$?
-n=$(grep -c '^ddp test: OK on rank' "$log")
+n=$(count_ok "$log" 'ddp test: OK on rank ')
 if [ $rc = 0 ] && [ "$n" = "$NPROC" ]; then report ddp_test 0 "$log"
 else report ddp_test 1 "$log" "rc=$rc, $n/$NPROC ranks OK"; fi
 
@@ -110,7 +119,7 @@ else report ddp_test 1 "$log" "rc=$rc, $n/$NPROC ranks OK"; fi
 if [ "$NPROC" -ge 3 ]; then
     log=$LOGDIR/dead_rank.log
     run_torchrun "$log" dead_rank_test.py; rc=$?
-    n=$(grep -c '^dead rank test: OK on rank' "$log")
+    n=$(count_ok "$log" 'dead rank test: OK on rank ')
     if [ "$n" = $((NPROC - 1)) ]; then report dead_rank_test 0 "$log"; grep -h 'RuntimeError after' "$log" | head -1
     else report dead_rank_test 1 "$log" "$n/$((NPROC - 1)) survivors OK, torchrun rc=$rc"; fi
 else
@@ -135,7 +144,7 @@ for method in "tcp://127.0.0.1:$port" "file://$LOGDIR/filestore"; do
     name="init_methods_test ${method%%://*}://"
     log=$LOGDIR/init_${method%%://*}.log
     run_plain "$log" "$method"; rc=$?
-    n=$(grep -c '^init methods test: OK on rank' "$log")
+    n=$(count_ok "$log" 'init methods test: OK on rank ')
     if [ $rc = 0 ] && [ "$n" = "$NPROC" ]; then report "$name" 0 "$log"
     else report "$name" 1 "$log" "rc=$rc, $n/$NPROC ranks OK"; fi
 done

@@ -27,7 +27,7 @@ def parse_args(description, extra=None):
                    help="init_method for the default group: env:// (torchrun), tcp://host:port or file:///path")
     p.add_argument("--rank", type=int, default=None, help="only needed when not launched by torchrun")
     p.add_argument("--world-size", type=int, default=None, help="only needed when not launched by torchrun")
-    p.add_argument("--watchdog-s", type=float, default=300.0,
+    p.add_argument("--watchdog-s", type=float, default=180.0,
                    help="os._exit(3) if the test has not finished after this many seconds (a hang is a failure)")
     if extra:
         extra(p)
@@ -48,6 +48,10 @@ def import_backend(args):
         import chorus_torch  # noqa: F401  (import registers the "chorus" backend)
 
 
+# What the test is doing now; the watchdog names it when it fires, so a hang report says where.
+CURRENT = ["start-up"]
+
+
 def start_watchdog(seconds, what):
     """A daemon thread that kills the process if the test hangs.
 
@@ -55,7 +59,10 @@ def start_watchdog(seconds, what):
     inside a C++ collective and would never see a Python exception."""
     def run():
         time.sleep(seconds)
-        sys.stderr.write("WATCHDOG: %s did not finish within %.0f s, exiting with 3\n" % (what, seconds))
+        msg = "WATCHDOG: %s did not finish within %.0f s (hung in: %s), exiting with 3\n" % (what, seconds, CURRENT[0])
+        sys.stdout.write(msg)
+        sys.stdout.flush()
+        sys.stderr.write(msg)
         sys.stderr.flush()
         os._exit(3)
     t = threading.Thread(target=run, daemon=True)

@@ -113,6 +113,12 @@ struct Flat {
   }
 };
 
+// Bitwise reductions have no NCCL operation: they run as an AllGather and a local fold. On
+// bool, AND and OR are MIN and MAX; XOR folds too.
+bool needs_fold(const c10d::ReduceOp& op, const at::Tensor& t) {
+  return is_bitwise(op.op_) && (t.scalar_type() != at::kBool || op.op_ == c10d::ReduceOp::BXOR);
+}
+
 at::Tensor fold_bitwise(const at::Tensor& stacked, c10d::ReduceOp::RedOpType op) {
   at::Tensor acc = stacked[0].clone();
   for (int64_t i = 1; i < stacked.size(0); ++i) {
@@ -121,6 +127,28 @@ at::Tensor fold_bitwise(const at::Tensor& stacked, c10d::ReduceOp::RedOpType op)
     else acc.bitwise_xor_(stacked[i]);
   }
   return acc;
+}
+
+// Throws Chorus's error for a failed call.
+void check_nccl(ncclResult_t r, const char* what, ncclComm_t comm) {
+  if (r == ncclSuccess) return;
+  std::string detail = ncclGetLastError(comm);
+  throw std::runtime_error(std::string("chorus: ") + what + " failed: " + ncclGetErrorString(r) +
+                           (detail.empty() ? "" : ": " + detail));
+}
+
+// A bitwise reduce-scatter of `input` into `out`: every rank's whole input (n blocks),
+// folded, and this rank's block kept; n times the traffic of a reduce-scatter, for the
+// reductions NCCL does not have.
+void reduce_scatter_folded(ncclComm_t comm, int rank, int size, const at::Tensor& input,
+                           Flat& out, c10d::ReduceOp::RedOpType op) {
+  const int64_t count = static_cast<int64_t>(out.count());
+  at::Tensor all = at::empty({size, count * size}, input.options());
+  at::Tensor in = input.contiguous().reshape({-1});
+  check_nccl(ncclAllGather(in.data_ptr(), all.data_ptr(), in.numel(), nccl_type(in), comm, nullptr),
+             "ncclAllGather (bitwise reduce_scatter)", comm);
+  out.flat.copy_(fold_bitwise(all, op).narrow(0, rank * count, count).view_as(out.flat));
+  out.copy_back();
 }
 
 // Releases the GIL while the calling thread waits for the group's thread, whose work (future
@@ -202,64 +230,79 @@ ProcessGroupChorus::ProcessGroupChorus(const c10::intrusive_ptr<c10d::Store>& st
     std::copy(bytes.begin(), bytes.end(), id.internal);
   }
   check(ncclCommInitRank(&comm_, size, id, rank), "ncclCommInitRank");
-  thread_ = std::thread([this] { loop(); });
+  for (auto& lane : lanes_) lane = std::make_unique<Lane>();
+  lanes_[kMain]->comm = comm_;
+  check(ncclCommSplit(comm_, 0, rank, &lanes_[kUp]->comm, nullptr), "ncclCommSplit (sends up)");
+  check(ncclCommSplit(comm_, 0, rank, &lanes_[kDown]->comm, nullptr), "ncclCommSplit (sends down)");
+  for (auto& lane : lanes_) {
+    Lane* l = lane.get();
+    l->thread = std::thread([this, l] { loop(*l); });
+  }
 }
 
 ProcessGroupChorus::~ProcessGroupChorus() {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    stop_ = true;
+  for (auto& lane : lanes_) {
+    if (!lane) continue;
+    std::lock_guard<std::mutex> lock(lane->mu);
+    lane->stop = true;
+    lane->cv.notify_all();
   }
-  cv_.notify_all();
   without_gil([&] {
-    if (thread_.joinable()) thread_.join();
+    for (auto& lane : lanes_)
+      if (lane && lane->thread.joinable()) lane->thread.join();
     compressors_.clear();
     overlap_.reset();
     // A failed operation may have left peers half way: abort (bounded) rather than finalize.
-    if (comm_ != nullptr) (failed_ ? ncclCommAbort(comm_) : ncclCommDestroy(comm_));
+    for (int i = kLanes - 1; i >= 0; --i) {
+      Lane* lane = lanes_[i].get();
+      ncclComm_t comm = lane ? lane->comm : (i == kMain ? comm_ : nullptr);
+      if (comm == nullptr) continue;
+      (lane && lane->failed) ? ncclCommAbort(comm) : ncclCommDestroy(comm);
+    }
   });
 }
 
-void ProcessGroupChorus::check(ncclResult_t r, const char* what) const {
-  if (r == ncclSuccess) return;
-  std::string detail = ncclGetLastError(comm_);
-  throw std::runtime_error(std::string("chorus: ") + what + " failed: " + ncclGetErrorString(r) +
-                           (detail.empty() ? "" : ": " + detail));
+void ProcessGroupChorus::check(ncclResult_t r, const char* what, ncclComm_t comm) const {
+  check_nccl(r, what, comm != nullptr ? comm : comm_);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupChorus::enqueue(c10d::OpType type, const char* title,
                                                            std::vector<at::Tensor> outputs,
-                                                           std::function<void()> run) {
+                                                           std::function<void()> run, LaneId id) {
   auto work = c10::make_intrusive<ChorusWork>(getRank(), type, title, std::move(outputs));
+  Job job{work, std::move(run)};
   {
     std::lock_guard<std::mutex> lock(mu_);
-    TORCH_CHECK(!stop_, "chorus: the process group is being destroyed");
-    Job job{work, std::move(run)};
     if (coalescing_) {
       batch_.push_back(std::move(job));
       return work;
     }
-    queue_.push_back(std::move(job));
   }
-  cv_.notify_one();
+  Lane& lane = *lanes_[id];
+  {
+    std::lock_guard<std::mutex> lock(lane.mu);
+    TORCH_CHECK(!lane.stop, "chorus: the process group is being destroyed");
+    lane.queue.push_back(std::move(job));
+  }
+  lane.cv.notify_one();
   return work;
 }
 
-void ProcessGroupChorus::loop() {
+void ProcessGroupChorus::loop(Lane& lane) {
   for (;;) {
     Job job;
     {
-      std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
-      if (queue_.empty()) return;  // stopping, and everything queued has run
-      job = std::move(queue_.front());
-      queue_.pop_front();
+      std::unique_lock<std::mutex> lock(lane.mu);
+      lane.cv.wait(lock, [&] { return lane.stop || !lane.queue.empty(); });
+      if (lane.queue.empty()) return;  // stopping, and everything queued has run
+      job = std::move(lane.queue.front());
+      lane.queue.pop_front();
     }
     try {
       job.run();
       job.work->complete(nullptr);
     } catch (...) {
-      failed_ = true;
+      lane.failed = true;
       job.work->complete(std::current_exception());
     }
   }
@@ -292,16 +335,16 @@ void ProcessGroupChorus::endCoalescing(std::vector<c10::intrusive_ptr<c10d::Work
       check(ncclGroupEnd(), "ncclGroupEnd");
     } catch (...) {
       error = std::current_exception();
-      failed_ = true;
     }
     for (size_t i = 1; i < shared->size(); ++i) (*shared)[i].work->complete(error);
     if (error) std::rethrow_exception(error);
   };
+  Lane& lane = *lanes_[kMain];
   {
-    std::lock_guard<std::mutex> lock(mu_);
-    queue_.push_back(Job{first, std::move(run)});
+    std::lock_guard<std::mutex> lock(lane.mu);
+    lane.queue.push_back(Job{first, std::move(run)});
   }
-  cv_.notify_one();
+  lane.cv.notify_one();
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupChorus::broadcast(std::vector<at::Tensor>& tensors,
@@ -325,7 +368,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupChorus::allreduce(std::vector<at::Ten
   const c10d::ReduceOp op = opts.reduceOp;
   return enqueue(c10d::OpType::ALLREDUCE, "chorus:all_reduce", {t}, [this, t, op] {
     Flat f(t);
-    if (is_bitwise(op.op_) && t.scalar_type() != at::kBool) {
+    if (needs_fold(op, t)) {
       at::Tensor all = at::empty({getSize(), t.numel()}, t.options());
       check(ncclAllGather(f.data(), all.data_ptr(), f.count(), nccl_type(t), comm_, nullptr),
             "ncclAllGather (bitwise all_reduce)");
@@ -375,7 +418,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupChorus::reduce(std::vector<at::Tensor
   const int root = static_cast<int>(opts.rootRank);
   return enqueue(c10d::OpType::REDUCE, "chorus:reduce", {t}, [this, t, op, root] {
     Flat f(t);
-    if (is_bitwise(op.op_) && t.scalar_type() != at::kBool) {
+    if (needs_fold(op, t)) {
       at::Tensor all = at::empty({getSize(), t.numel()}, t.options());
       check(ncclAllGather(f.data(), all.data_ptr(), f.count(), nccl_type(t), comm_, nullptr),
             "ncclAllGather (bitwise reduce)");
@@ -500,8 +543,6 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupChorus::reduce_scatter(
   check_one(outputs, "reduce_scatter");
   auto out = outputs[0];
   check_op(opts.reduceOp, out, "reduce_scatter");
-  TORCH_CHECK(!is_bitwise(opts.reduceOp.op_) || out.scalar_type() == at::kBool,
-              "chorus: reduce_scatter: bitwise reductions are not supported; use all_reduce");
   TORCH_CHECK(inputs.size() == 1 && inputs[0].size() == static_cast<size_t>(getSize()),
               "chorus: reduce_scatter needs one list of ", getSize(), " input tensors");
   for (auto& i : inputs[0]) {
@@ -517,6 +558,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupChorus::reduce_scatter(
                    for (auto& i : ins) flat.push_back(i.reshape({-1}));
                    at::Tensor all = at::cat(flat);
                    Flat o(out);
+                   if (needs_fold(op, out)) {
+                     reduce_scatter_folded(comm_, getRank(), getSize(), all, o, op.op_);
+                     return;
+                   }
                    NcclOp n = nccl_op(op, out, comm_);
                    ncclResult_t r = ncclReduceScatter(all.data_ptr(), o.data(), o.count(),
                                                       nccl_type(out), n.op, comm_, nullptr);
@@ -531,8 +576,6 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupChorus::_reduce_scatter_base(
   check_tensor(input, "reduce_scatter_tensor");
   check_tensor(output, "reduce_scatter_tensor");
   check_op(opts.reduceOp, output, "reduce_scatter_tensor");
-  TORCH_CHECK(!is_bitwise(opts.reduceOp.op_) || output.scalar_type() == at::kBool,
-              "chorus: reduce_scatter_tensor: bitwise reductions are not supported; use all_reduce");
   TORCH_CHECK(input.numel() == output.numel() * getSize() &&
                   input.scalar_type() == output.scalar_type(),
               "chorus: reduce_scatter_tensor: the input must hold ", getSize(), " x ",
@@ -542,6 +585,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupChorus::_reduce_scatter_base(
   return enqueue(c10d::OpType::_REDUCE_SCATTER_BASE, "chorus:reduce_scatter_tensor", {out},
                  [this, in, out, op] {
                    Flat i(in), o(out);
+                   if (needs_fold(op, out)) {
+                     reduce_scatter_folded(comm_, getRank(), getSize(), i.flat, o, op.op_);
+                     return;
+                   }
                    NcclOp n = nccl_op(op, out, comm_);
                    ncclResult_t r = ncclReduceScatter(i.data(), o.data(), o.count(),
                                                       nccl_type(out), n.op, comm_, nullptr);
@@ -661,9 +708,12 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupChorus::send(std::vector<at::Tensor>&
   auto t = tensors[0];
   // A copy when not contiguous, made now: what is sent is the tensor as it is at the call.
   at::Tensor c = t.is_contiguous() ? t : t.contiguous();
-  return enqueue(c10d::OpType::SEND, "chorus:send", {t}, [this, c, dst] {
-    check(ncclSend(c.data_ptr(), c.numel(), nccl_type(c), dst, comm_, nullptr), "ncclSend");
-  });
+  // In a batch on the group's communicator; alone, on the lane of its direction.
+  const LaneId id = dst > getRank() ? kUp : kDown;
+  ncclComm_t comm = coalescing_ ? comm_ : lanes_[id]->comm;
+  return enqueue(c10d::OpType::SEND, "chorus:send", {t}, [this, c, dst, comm] {
+    check(ncclSend(c.data_ptr(), c.numel(), nccl_type(c), dst, comm, nullptr), "ncclSend", comm);
+  }, id);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupChorus::recv(std::vector<at::Tensor>& tensors, int src,
@@ -676,11 +726,13 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupChorus::recv(std::vector<at::Tensor>&
   // non-contiguous tensor is received into a contiguous one that is copied back then.
   TORCH_CHECK(t.is_contiguous() || !coalescing_,
               "chorus: irecv into a non-contiguous tensor inside batch_isend_irecv");
-  return enqueue(c10d::OpType::RECV, "chorus:recv", {t}, [this, t, src] {
+  const LaneId id = src < getRank() ? kUp : kDown;
+  ncclComm_t comm = coalescing_ ? comm_ : lanes_[id]->comm;
+  return enqueue(c10d::OpType::RECV, "chorus:recv", {t}, [this, t, src, comm] {
     Flat f(t);
-    check(ncclRecv(f.data(), f.count(), nccl_type(t), src, comm_, nullptr), "ncclRecv");
+    check(ncclRecv(f.data(), f.count(), nccl_type(t), src, comm, nullptr), "ncclRecv", comm);
     f.copy_back();
-  });
+  }, id);
 }
 
 struct ProcessGroupChorus::Compressor {

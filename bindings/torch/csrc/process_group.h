@@ -140,22 +140,35 @@ class ProcessGroupChorus : public c10d::ProcessGroup {
     std::function<void()> run;  // throws std::runtime_error with Chorus's message
   };
 
-  c10::intrusive_ptr<c10d::Work> enqueue(c10d::OpType type, const char* title,
-                                         std::vector<at::Tensor> outputs, std::function<void()> run);
-  void loop();
-  // Throws, naming `what`, when `r` is not ncclSuccess.
-  void check(ncclResult_t r, const char* what) const;
+  // A communicator and the thread that runs its jobs in issue order. Lane kMain runs the
+  // collectives and batches; sends and receives outside a batch run on kUp (data flowing to
+  // higher ranks: sends to them, receives from lower ones) or kDown, communicators split from
+  // the group's. So a rank may post irecv before isend to the same peer, as Gloo allows: the
+  // two run on different lanes, and on each lane data flows one way only.
+  struct Lane {
+    ncclComm_t comm = nullptr;
+    std::mutex mu;
+    std::condition_variable cv;
+    std::deque<Job> queue;
+    bool stop = false;
+    bool failed = false;  // a job failed: destroy aborts the communicator instead
+    std::thread thread;
+  };
+  enum LaneId { kMain = 0, kUp = 1, kDown = 2, kLanes = 3 };
 
-  ncclComm_t comm_ = nullptr;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<Job> queue_;
-  bool stop_ = false;
-  bool failed_ = false;  // an operation failed: destroy aborts instead of finalizing
+  c10::intrusive_ptr<c10d::Work> enqueue(c10d::OpType type, const char* title,
+                                         std::vector<at::Tensor> outputs, std::function<void()> run,
+                                         LaneId lane = kMain);
+  void loop(Lane& lane);
+  // Throws, naming `what` and `comm`'s last error, when `r` is not ncclSuccess.
+  void check(ncclResult_t r, const char* what, ncclComm_t comm = nullptr) const;
+
+  ncclComm_t comm_ = nullptr;  // the group's: lanes_[kMain]->comm
+  std::unique_ptr<Lane> lanes_[kLanes];
+  std::mutex mu_;  // guards coalescing_ and batch_
   // Between startCoalescing and endCoalescing: the jobs of a batch, run as one group.
   bool coalescing_ = false;
   std::vector<Job> batch_;
-  std::thread thread_;
   // allreduce_compressed's compressors, by key; used on the group's thread only.
   struct Compressor;
   std::map<int64_t, std::unique_ptr<Compressor>> compressors_;
