@@ -4,6 +4,7 @@
 # Runs the Chorus torch.distributed backend tests under torchrun, 3 ranks each:
 #   collectives_test.py  every collective x dtype x op vs gloo / a local reference
 #   ddp_test.py          DDP training (plain and with allreduce_hook) matches gloo, ranks bit-identical
+#   hooks_test.py        chorus_torch.hooks: overlap_hook equals plain DDP, fp8_hook stays close
 #   dead_rank_test.py    a dead rank becomes a prompt RuntimeError naming it
 #   init_methods_test.py tcp:// and file:// bootstrap (plain processes, no torchrun)
 # Prints "ok <test>" or "FAIL <test>" per test and exits non-zero if any failed.
@@ -114,6 +115,15 @@ run_torchrun "$log" ddp_test.py; rc=$?
 n=$(count_ok "$log" 'ddp test: OK on rank ')
 if [ $rc = 0 ] && [ "$n" = "$NPROC" ]; then report ddp_test 0 "$log"
 else report ddp_test 1 "$log" "rc=$rc, $n/$NPROC ranks OK"; fi
+
+# Chorus's DDP hooks (overlap scheduler, FP8) against plain DDP on the same group.
+if [ "$UT" = chorus ]; then
+    log=$LOGDIR/hooks.log
+    run_torchrun "$log" hooks_test.py; rc=$?
+    n=$(count_ok "$log" 'hooks test: OK on rank ')
+    if [ $rc = 0 ] && [ "$n" = "$NPROC" ]; then report hooks_test 0 "$log"; grep -h '\[rank 0\] \(overlap_hook\|fp8_hook\)' "$log"
+    else report hooks_test 1 "$log" "rc=$rc, $n/$NPROC ranks OK"; fi
+fi
 
 # dead rank: torchrun's exit status reflects the deliberate death, so judge by the survivors' lines.
 if [ "$NPROC" -ge 3 ]; then

@@ -47,6 +47,9 @@ class OverlapState:
     fusion cap and partition size (0 / -1: its defaults, 4 MiB each).
     """
 
+    # DDP rebuilds its buckets once, after the first step: the second step's are final.
+    LEARNING_STEPS = 2
+
     def __init__(self, process_group: Optional[dist.ProcessGroup] = None, policy: str = "priority",
                  fp8: bool = False, bucket_bytes: int = 0, partition_bytes: int = -1):
         if policy not in ("priority", "fifo"):
@@ -57,15 +60,11 @@ class OverlapState:
         self.options.fp8 = fp8
         self.options.bucket_bytes = bucket_bytes
         self.options.partition_bytes = partition_bytes
-        self._layout = None       # the buckets the scheduler has: [(data_ptr, numel, dtype)]
-        self._previous = None     # the layout of the last step learnt without the scheduler
+        self._steps = 0           # steps whose buckets have all been handed over
         self._step = []           # this step's buckets so far: (index, buffer)
+        self._layout = None       # the buffers the scheduler has, by bucket index
         self._setup = None        # the Work that makes the scheduler, until waited for
         self.scheduled_steps = 0  # steps whose buckets went through the scheduler
-
-
-def _key(buf):
-    return (buf.data_ptr(), buf.numel(), buf.dtype)
 
 
 def overlap_hook(state: OverlapState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
@@ -73,10 +72,10 @@ def overlap_hook(state: OverlapState, bucket: dist.GradBucket) -> torch.futures.
 
     The scheduler needs every bucket registered before a step starts, and DDP settles its
     buckets only after the first step (it rebuilds them in the order gradients became ready).
-    So steps run as plain averaged AllReduces until two steps in a row show the same buckets;
-    then the scheduler is made with them (on every rank at the same point) and takes every
-    step after. A later change of buckets between steps goes back to learning; within a step it
-    is an error.
+    So the first two steps run as plain averaged AllReduces; at the end of the second, every
+    rank makes the scheduler with that step's buckets (the same point on every rank: nothing
+    rank-local decides it), and the scheduler takes every later step. DDP reallocating a
+    bucket after that is an error, not a silent fallback that ranks could take differently.
     """
     pg = state.process_group or dist.distributed_c10d._get_default_group()
     if not isinstance(pg, ProcessGroupChorus):
@@ -84,30 +83,28 @@ def overlap_hook(state: OverlapState, bucket: dist.GradBucket) -> torch.futures.
                            f"{type(pg).__name__}")
     buf = bucket.buffer()
     index = bucket.index()
-    first_of_step = not state._step
-    state._step.append((index, buf))
     last = bucket.is_last()
-    if state._layout is not None:
-        known = index < len(state._layout) and state._layout[index] == _key(buf)
-        if not known and not first_of_step:
-            raise RuntimeError(f"chorus overlap_hook: bucket {index} changed within a step")
-        if known:
-            if state._setup is not None:
-                state._setup.wait()
-                state._setup = None
-            work = pg.overlap_ready(buf)
-            if last:
-                state._step = []
-                state.scheduled_steps += 1
-            return work.get_future().then(lambda fut: fut.value()[0])
-        state._layout = None  # DDP rebuilt its buckets: learn them again
+    if state._steps >= OverlapState.LEARNING_STEPS:
+        layout = state._layout
+        if index >= len(layout) or layout[index] != (buf.data_ptr(), buf.numel(), buf.dtype):
+            raise RuntimeError(
+                f"chorus overlap_hook: DDP's bucket {index} is not the one registered with the "
+                "overlap scheduler (DDP rebuilt or reallocated its buckets after its second step)")
+        if state._setup is not None:
+            state._setup.wait()
+            state._setup = None
+        work = pg.overlap_ready(buf)
+        if last:
+            state._steps += 1
+            state.scheduled_steps += 1
+        return work.get_future().then(lambda fut: fut.value()[0])
+    state._step.append((index, buf))
     work = dist.all_reduce(buf, op=dist.ReduceOp.AVG, group=pg, async_op=True)
     if last:
-        layout = [_key(b) for _, b in sorted(state._step, key=lambda ib: ib[0])]
-        if layout == state._previous:
+        state._steps += 1
+        if state._steps == OverlapState.LEARNING_STEPS:
             buffers = [b for _, b in sorted(state._step, key=lambda ib: ib[0])]
+            state._layout = [(b.data_ptr(), b.numel(), b.dtype) for b in buffers]
             state._setup = pg.overlap_setup(buffers, state.options)
-            state._layout = layout
-        state._previous = layout
         state._step = []
     return work.get_future().then(lambda fut: fut.value()[0])
