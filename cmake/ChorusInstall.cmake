@@ -8,6 +8,9 @@
 #   <bindir>/chorus-run, chorus-info
 #   <libexecdir>/chorus/*_perf     the nccl-tests clones, under nccl-tests' own names
 include(CMakePackageConfigHelpers)
+# Installing (and cpack, whose "preinstall" would otherwise build `all`) never rebuilds: the
+# install test makes packages while other tests run the build's binaries.
+set(CMAKE_SKIP_INSTALL_ALL_DEPENDENCY TRUE)
 set(CHORUS_NCCL_INCLUDEDIR ${CMAKE_INSTALL_INCLUDEDIR}/chorus/nccl)
 set(CHORUS_DROPIN_LIBDIR ${CMAKE_INSTALL_LIBDIR}/chorus)
 set(CHORUS_TOOLS_LIBEXECDIR ${CMAKE_INSTALL_LIBEXECDIR}/chorus)
