@@ -71,7 +71,11 @@ done
 #     the operation), keeps the matrix alone;
 #   - TSan: the per-algorithm matrices with 2, 3 and 8 ranks of their 1-8
 #     (CHORUS_TEST_RANK_COUNTS): one rank has no peer to race with, and 4 and 5 ranks add
-#     threads doing what they do with 3 and 8; ASan and the normal stage run them all;
+#     threads doing what they do with 3 and 8; the normal stage runs them all;
+#   - ASan: the same matrices with 1, 2, 3, 4 and 8 ranks of their 1, 2, 3, 4, 5, 8: one rank
+#     alone, the powers of two, and 3 for a count one rank beyond a power of two (what the
+#     halving and Bruck algorithms fold in); 5 is that case again, with the most threads after
+#     8, and the normal stage runs it;
 #   - TSan: the small-message algorithms' matrices on threads other than AllReduce's and
 #     AlltoAll's: every collective moves its messages through the same box code
 #     (transports/small_box.cc), whose races those two (a fold, every pair both ways) exercise;
@@ -145,7 +149,8 @@ stage_asan() {
   export ASAN_OPTIONS=$asan:detect_stack_use_after_return=1
   export LSAN_OPTIONS="suppressions=$supp/lsan.supp:print_suppressions=0"
   export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
-  CHORUS_TEST_NARROW=1 run_ctest build-asan "$asan_exclude" "$asan_datatypes"
+  CHORUS_TEST_NARROW=1 CHORUS_TEST_RANK_COUNTS=1,2,3,4,8 \
+    run_ctest build-asan "$asan_exclude" "$asan_datatypes"
   unset ASAN_OPTIONS LSAN_OPTIONS UBSAN_OPTIONS
 }
 
