@@ -15,7 +15,7 @@
 namespace chorus::test {
 namespace {
 
-// CHORUS_TEST_RANK_COUNTS="2,3,8": of a matrix's rank counts, only those (the TSan stage,
+// CHORUS_TEST_RANK_COUNTS="2,3,5": of a matrix's rank counts, only those (the sanitizer stages,
 // scripts/sanitizers.sh); unset: all.
 bool rank_count_selected(int nranks) {
   const char* list = std::getenv("CHORUS_TEST_RANK_COUNTS");
