@@ -92,11 +92,7 @@ Result<LaunchEnv> read_launch_env(const EnvLookup& env) {
     le.launcher = "torchrun";
     le.source = "RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT";
     CHORUS_RETURN_IF_ERROR(read_ranks(env, "RANK", "WORLD_SIZE", "LOCAL_RANK", &le));
-    CHORUS_ASSIGN_OR_RETURN(uint16_t master_port, port_var(env, "MASTER_PORT"));
-    if (master_port == 65535) return invalid_argument("MASTER_PORT=65535 leaves no port above it");
-    le.root_host = env("MASTER_ADDR");
-    le.port = static_cast<uint16_t>(master_port + 1);
-    port_known = true;
+    le.root_host = env("MASTER_ADDR");  // the port: MASTER_PORT + 1, below
     job_id = env("TORCHELASTIC_RUN_ID") ? env("TORCHELASTIC_RUN_ID") : "";
   } else if (env("OMPI_COMM_WORLD_RANK") && env("OMPI_COMM_WORLD_SIZE")) {
     le.launcher = "Open MPI";
@@ -145,7 +141,8 @@ Result<LaunchEnv> read_launch_env(const EnvLookup& env) {
         "torchrun's RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT, Open MPI's OMPI_COMM_WORLD_RANK/"
         "SIZE or Slurm's SLURM_PROCID/SLURM_NTASKS");
   }
-  if (env("MASTER_PORT") && !port_known) {
+  // Every launcher: torchrun's agent holds MASTER_PORT itself, so the root takes the next one.
+  if (env("MASTER_PORT")) {
     CHORUS_ASSIGN_OR_RETURN(uint16_t master_port, port_var(env, "MASTER_PORT"));
     if (master_port == 65535) return invalid_argument("MASTER_PORT=65535 leaves no port above it");
     le.port = static_cast<uint16_t>(master_port + 1);
