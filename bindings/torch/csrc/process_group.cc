@@ -68,21 +68,37 @@ void check_op(const c10d::ReduceOp& op, const at::Tensor& t, const char* what) {
   TORCH_CHECK(op != c10d::ReduceOp::UNUSED, "chorus: ", what, ": unknown reduce op");
 }
 
-struct NcclOp {
-  ncclRedOp_t op = ncclSum;
-  bool premul = false;
+// The NCCL operation for `op` on `t`'s type, validated by check_op. A PREMUL_SUM's is created
+// for the call and destroyed with this object, so it must outlive the call (and its group).
+class NcclOp {
+ public:
+  NcclOp(const c10d::ReduceOp& op, const at::Tensor& t, ncclComm_t comm);
+  ~NcclOp() {
+    if (premul_comm_ != nullptr) ncclRedOpDestroy(op_, premul_comm_);
+  }
+  NcclOp(NcclOp&& other) noexcept : op_(other.op_), premul_comm_(other.premul_comm_) {
+    other.premul_comm_ = nullptr;
+  }
+  NcclOp(const NcclOp&) = delete;
+  NcclOp& operator=(const NcclOp&) = delete;
+  NcclOp& operator=(NcclOp&&) = delete;
+  ncclRedOp_t get() const { return op_; }
+
+ private:
+  ncclRedOp_t op_ = ncclSum;
+  ncclComm_t premul_comm_ = nullptr;  // set when op_ is a PREMUL_SUM to destroy
 };
 
-NcclOp nccl_op(const c10d::ReduceOp& op, const at::Tensor& t, ncclComm_t comm) {
+NcclOp::NcclOp(const c10d::ReduceOp& op, const at::Tensor& t, ncclComm_t comm) {
   const bool boolean = t.scalar_type() == at::kBool;
   switch (op.op_) {
-    case c10d::ReduceOp::SUM: return {boolean ? ncclMax : ncclSum};
-    case c10d::ReduceOp::AVG: return {ncclAvg};
-    case c10d::ReduceOp::PRODUCT: return {boolean ? ncclMin : ncclProd};
+    case c10d::ReduceOp::SUM: op_ = boolean ? ncclMax : ncclSum; return;
+    case c10d::ReduceOp::AVG: op_ = ncclAvg; return;
+    case c10d::ReduceOp::PRODUCT: op_ = boolean ? ncclMin : ncclProd; return;
     case c10d::ReduceOp::MIN:
-    case c10d::ReduceOp::BAND: return {ncclMin};  // BAND reaches here on bool only
+    case c10d::ReduceOp::BAND: op_ = ncclMin; return;  // BAND reaches here on bool only
     case c10d::ReduceOp::MAX:
-    case c10d::ReduceOp::BOR: return {ncclMax};
+    case c10d::ReduceOp::BOR: op_ = ncclMax; return;
     case c10d::ReduceOp::PREMUL_SUM: {
       auto* s = dynamic_cast<c10d::NCCLPreMulSumSupplement*>(op.supplement_.get());
       TORCH_CHECK(s != nullptr, "chorus: PREMUL_SUM without its factor");
@@ -90,13 +106,13 @@ NcclOp nccl_op(const c10d::ReduceOp& op, const at::Tensor& t, ncclComm_t comm) {
       at::Tensor factor = !s->tensor_factors.empty()
                               ? s->tensor_factors[0].to(t.scalar_type()).contiguous()
                               : at::scalar_tensor(s->double_factor, t.options());
-      NcclOp out{ncclSum, true};
-      ncclResult_t r = ncclRedOpCreatePreMulSum(&out.op, factor.data_ptr(), nccl_type(t),
+      ncclResult_t r = ncclRedOpCreatePreMulSum(&op_, factor.data_ptr(), nccl_type(t),
                                                 ncclScalarHostImmediate, comm);
       if (r != ncclSuccess)
         throw std::runtime_error(std::string("chorus: ncclRedOpCreatePreMulSum: ") +
                                  ncclGetLastError(comm));
-      return out;
+      premul_comm_ = comm;
+      return;
     }
     default: TORCH_CHECK(false, "chorus: reduce op ", int(op.op_), " has no NCCL counterpart");
   }
@@ -137,17 +153,25 @@ void check_nccl(ncclResult_t r, const char* what, ncclComm_t comm) {
                            (detail.empty() ? "" : ": " + detail));
 }
 
+// Every rank's `input` (contiguous), one row each: what the bitwise reductions, which NCCL
+// does not have, fold locally (fold_bitwise).
+at::Tensor gather_rows(ncclComm_t comm, int size, const at::Tensor& input, const char* what) {
+  at::Tensor all = at::empty({size, input.numel()}, input.options());
+  check_nccl(ncclAllGather(input.data_ptr(), all.data_ptr(), input.numel(), nccl_type(input), comm,
+                           nullptr),
+             what, comm);
+  return all;
+}
+
 // A bitwise reduce-scatter of `input` into `out`: every rank's whole input (n blocks),
-// folded, and this rank's block kept; n times the traffic of a reduce-scatter, for the
-// reductions NCCL does not have.
+// folded, and this rank's block kept; n times the traffic of a reduce-scatter.
 void reduce_scatter_folded(ncclComm_t comm, int rank, int size, const at::Tensor& input,
                            Flat& out, c10d::ReduceOp::RedOpType op) {
   const int64_t count = static_cast<int64_t>(out.count());
-  at::Tensor all = at::empty({size, count * size}, input.options());
-  at::Tensor in = input.contiguous().reshape({-1});
-  check_nccl(ncclAllGather(in.data_ptr(), all.data_ptr(), in.numel(), nccl_type(in), comm, nullptr),
-             "ncclAllGather (bitwise reduce_scatter)", comm);
-  out.flat.copy_(fold_bitwise(all, op).narrow(0, rank * count, count).view_as(out.flat));
+  at::Tensor folded = fold_bitwise(gather_rows(comm, size, input.contiguous().reshape({-1}),
+                                               "ncclAllGather (bitwise reduce_scatter)"),
+                                   op);
+  out.flat.copy_(folded.narrow(0, rank * count, count).view_as(out.flat));
   out.copy_back();
 }
 
@@ -369,15 +393,12 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupChorus::allreduce(std::vector<at::Ten
   return enqueue(c10d::OpType::ALLREDUCE, "chorus:all_reduce", {t}, [this, t, op] {
     Flat f(t);
     if (needs_fold(op, t)) {
-      at::Tensor all = at::empty({getSize(), t.numel()}, t.options());
-      check(ncclAllGather(f.data(), all.data_ptr(), f.count(), nccl_type(t), comm_, nullptr),
-            "ncclAllGather (bitwise all_reduce)");
+      at::Tensor all = gather_rows(comm_, getSize(), f.flat, "ncclAllGather (bitwise all_reduce)");
       f.flat.copy_(fold_bitwise(all, op.op_).view_as(f.flat));
     } else {
-      NcclOp n = nccl_op(op, t, comm_);
-      ncclResult_t r = ncclAllReduce(f.data(), f.data(), f.count(), nccl_type(t), n.op, comm_, nullptr);
-      if (n.premul) ncclRedOpDestroy(n.op, comm_);
-      check(r, "ncclAllReduce");
+      NcclOp n(op, t, comm_);
+      check(ncclAllReduce(f.data(), f.data(), f.count(), nccl_type(t), n.get(), comm_, nullptr),
+            "ncclAllReduce");
     }
     f.copy_back();
   });
@@ -397,11 +418,13 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupChorus::allreduce_coalesced(
   return enqueue(c10d::OpType::ALLREDUCE_COALESCED, "chorus:allreduce_coalesced", ts,
                  [this, ts, op] {
                    std::vector<Flat> flats(ts.begin(), ts.end());
+                   std::vector<NcclOp> ops;  // live until the group has run
+                   ops.reserve(flats.size());
                    check(ncclGroupStart(), "ncclGroupStart");
                    for (auto& f : flats) {
-                     NcclOp n = nccl_op(op, f.flat, comm_);
-                     check(ncclAllReduce(f.data(), f.data(), f.count(), nccl_type(f.flat), n.op,
-                                         comm_, nullptr),
+                     ops.emplace_back(op, f.flat, comm_);
+                     check(ncclAllReduce(f.data(), f.data(), f.count(), nccl_type(f.flat),
+                                         ops.back().get(), comm_, nullptr),
                            "ncclAllReduce");
                    }
                    check(ncclGroupEnd(), "ncclGroupEnd");
@@ -419,16 +442,12 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupChorus::reduce(std::vector<at::Tensor
   return enqueue(c10d::OpType::REDUCE, "chorus:reduce", {t}, [this, t, op, root] {
     Flat f(t);
     if (needs_fold(op, t)) {
-      at::Tensor all = at::empty({getSize(), t.numel()}, t.options());
-      check(ncclAllGather(f.data(), all.data_ptr(), f.count(), nccl_type(t), comm_, nullptr),
-            "ncclAllGather (bitwise reduce)");
+      at::Tensor all = gather_rows(comm_, getSize(), f.flat, "ncclAllGather (bitwise reduce)");
       if (getRank() == root) f.flat.copy_(fold_bitwise(all, op.op_).view_as(f.flat));
     } else {
-      NcclOp n = nccl_op(op, t, comm_);
-      ncclResult_t r =
-          ncclReduce(f.data(), f.data(), f.count(), nccl_type(t), n.op, root, comm_, nullptr);
-      if (n.premul) ncclRedOpDestroy(n.op, comm_);
-      check(r, "ncclReduce");
+      NcclOp n(op, t, comm_);
+      check(ncclReduce(f.data(), f.data(), f.count(), nccl_type(t), n.get(), root, comm_, nullptr),
+            "ncclReduce");
     }
     if (getRank() == root) f.copy_back();
   });
@@ -562,11 +581,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupChorus::reduce_scatter(
                      reduce_scatter_folded(comm_, getRank(), getSize(), all, o, op.op_);
                      return;
                    }
-                   NcclOp n = nccl_op(op, out, comm_);
-                   ncclResult_t r = ncclReduceScatter(all.data_ptr(), o.data(), o.count(),
-                                                      nccl_type(out), n.op, comm_, nullptr);
-                   if (n.premul) ncclRedOpDestroy(n.op, comm_);
-                   check(r, "ncclReduceScatter");
+                   NcclOp n(op, out, comm_);
+                   check(ncclReduceScatter(all.data_ptr(), o.data(), o.count(), nccl_type(out),
+                                           n.get(), comm_, nullptr),
+                         "ncclReduceScatter");
                    o.copy_back();
                  });
 }
@@ -589,11 +607,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupChorus::_reduce_scatter_base(
                      reduce_scatter_folded(comm_, getRank(), getSize(), i.flat, o, op.op_);
                      return;
                    }
-                   NcclOp n = nccl_op(op, out, comm_);
-                   ncclResult_t r = ncclReduceScatter(i.data(), o.data(), o.count(),
-                                                      nccl_type(out), n.op, comm_, nullptr);
-                   if (n.premul) ncclRedOpDestroy(n.op, comm_);
-                   check(r, "ncclReduceScatter");
+                   NcclOp n(op, out, comm_);
+                   check(ncclReduceScatter(i.data(), o.data(), o.count(), nccl_type(out), n.get(),
+                                           comm_, nullptr),
+                         "ncclReduceScatter");
                    o.copy_back();
                  });
 }
