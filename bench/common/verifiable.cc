@@ -23,7 +23,7 @@ struct Traits;
   template <>                                                                     \
   struct Traits<T> {                                                              \
     using Storage = S;                                                            \
-    static constexpr bool kFloat = false;                                         \
+    [[maybe_unused]] static constexpr bool kFloat = false;                        \
     static S encode(double v) { return static_cast<S>(static_cast<int64_t>(v)); } \
     static double decode(S v) { return static_cast<double>(v); }                  \
   };
@@ -34,13 +34,13 @@ CHORUS_INT_TRAITS(ncclUint32, uint32_t)
 CHORUS_INT_TRAITS(ncclInt64, int64_t)
 CHORUS_INT_TRAITS(ncclUint64, uint64_t)
 #undef CHORUS_INT_TRAITS
-#define CHORUS_FLOAT_TRAITS(T, S, ENC, DEC)   \
-  template <>                                 \
-  struct Traits<T> {                          \
-    using Storage = S;                        \
-    static constexpr bool kFloat = true;      \
-    static S encode(double v) { return ENC; } \
-    static double decode(S v) { return DEC; } \
+#define CHORUS_FLOAT_TRAITS(T, S, ENC, DEC)               \
+  template <>                                             \
+  struct Traits<T> {                                      \
+    using Storage = S;                                    \
+    [[maybe_unused]] static constexpr bool kFloat = true; \
+    static S encode(double v) { return ENC; }             \
+    static double decode(S v) { return DEC; }             \
   };
 CHORUS_FLOAT_TRAITS(ncclFloat16, uint16_t, kernels::float_to_half(static_cast<float>(v)),
                     kernels::half_to_float(v))

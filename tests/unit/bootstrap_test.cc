@@ -229,7 +229,9 @@ TEST_CASE("exchange gathers every rank's blob", "[unit][bootstrap]") {
 
 TEST_CASE("exchange_scalable goes through group roots", "[unit][bootstrap]") {
   int baseline = active_root_servers();
-  for (auto [nroots, nranks] : {std::pair{2, 2}, std::pair{2, 5}, std::pair{3, 7}}) {
+  for (std::pair<int, int> shape : {std::pair{2, 2}, std::pair{2, 5}, std::pair{3, 7}}) {
+    // Plain ints, not a structured binding: clang 14 cannot capture those in a lambda.
+    const int nroots = shape.first, nranks = shape.second;
     std::vector<UniqueId> ids;
     for (int i = 0; i < nroots; ++i) ids.push_back(create_unique_id().value());
     auto results = run_ranks(nranks, [&](int r) {

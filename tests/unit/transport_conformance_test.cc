@@ -97,6 +97,9 @@ void connect_pair(const TransportDesc& desc, Pair* pair, int channels = 1) {
   for (auto& t : threads) t.join();
 }
 
+// Whether either side made progress; both were called (both arguments are evaluated).
+bool progress_both(bool a, bool b) { return a || b; }
+
 // Calls `progress` (both ends, true if anything moved) from this thread until every request is
 // done (or failed), at most 20 s.
 template <typename Progress>
@@ -112,7 +115,8 @@ bool drive_with(Progress progress, const std::vector<Request*>& reqs) {
 }
 
 bool drive(Pair& pair, const std::vector<Request*>& reqs) {
-  return drive_with([&] { return pair.conn(0)->progress() | pair.conn(1)->progress(); }, reqs);
+  return drive_with(
+      [&] { return progress_both(pair.conn(0)->progress(), pair.conn(1)->progress()); }, reqs);
 }
 
 MsgTag tag_of(uint32_t seq, uint64_t count) {
@@ -288,7 +292,8 @@ struct Links {
 };
 
 bool drive_links(Links& l, const std::vector<Request*>& reqs) {
-  return drive_with([&] { return l.link[0]->progress() | l.link[1]->progress(); }, reqs);
+  return drive_with(
+      [&] { return progress_both(l.link[0]->progress(), l.link[1]->progress()); }, reqs);
 }
 
 MsgTag message_tag(uint32_t seq, uint64_t count, uint32_t lane, uint32_t ordinal,
@@ -521,7 +526,8 @@ TEST_CASE("every transport: a path the peer closed between messages fails no rec
     s.tag.set_chunk(0, true);
     Connection* path0 = pair.conns[0][0][0].get();
     path0->post_send(&s);
-    REQUIRE(drive_with([&] { return path0->progress() | receiver.progress(); }, {&s, &r}));
+    REQUIRE(drive_with([&] { return progress_both(path0->progress(), receiver.progress()); },
+                       {&s, &r}));
     REQUIRE_FALSE(r.failed());
     CHECK(got == sent);
     CHECK(receiver.error().ok());
