@@ -37,6 +37,15 @@ const char* chorusBuildInfo(void);
 ncclResult_t chorusCommDumpFlightRecorder(ncclComm_t comm, char* buffer, size_t size,
                                           size_t* needed);
 
+/* How long an operation of `comm` (a collective, a send/receive group, a stream's work) may
+ * make no progress before it fails with ncclRemoteError naming the peers it waits for, and the
+ * communicator with it. It starts as CHORUS_TIMEOUT_MS (300000); communicators split or shrunk
+ * from `comm` later start with its value. Any thread may change it at any time: waits in
+ * progress use the new value from their next check. timeoutMs < 1 is ncclInvalidArgument.
+ * (Framework backends set it from their process group's timeout.) */
+ncclResult_t chorusCommSetTimeout(ncclComm_t comm, int64_t timeoutMs);
+ncclResult_t chorusCommGetTimeout(ncclComm_t comm, int64_t* timeoutMs);
+
 #ifdef __cplusplus
 } /* extern "C" */
 #endif

@@ -9,6 +9,7 @@
 #include <dlfcn.h>
 
 #include <algorithm>
+#include <cstring>
 #include <mutex>
 #include <thread>
 
@@ -311,6 +312,24 @@ ncclResult_t ncclCommCount(const ncclComm_t comm, int* count) {
   });
 }
 
+CHORUS_API ncclResult_t chorusCommSetTimeout(ncclComm_t comm, int64_t timeoutMs) {
+  return guard("chorusCommSetTimeout", [&]() -> Status {
+    if (timeoutMs < 1) return invalid_argument("timeoutMs is {}: it must be at least 1", timeoutMs);
+    CHORUS_ASSIGN_OR_RETURN(std::shared_ptr<Comm> c, find_comm(comm));
+    c->set_timeout_ms(timeoutMs);
+    return Status();
+  });
+}
+
+CHORUS_API ncclResult_t chorusCommGetTimeout(ncclComm_t comm, int64_t* timeoutMs) {
+  return guard("chorusCommGetTimeout", [&]() -> Status {
+    if (timeoutMs == nullptr) return invalid_argument("timeoutMs is NULL");
+    CHORUS_ASSIGN_OR_RETURN(std::shared_ptr<Comm> c, find_comm(comm));
+    *timeoutMs = c->timeout_ms();
+    return Status();
+  });
+}
+
 CHORUS_NCCL_API(ncclResult_t, ncclCommCuDevice, const ncclComm_t comm, int* device);
 ncclResult_t ncclCommCuDevice(const ncclComm_t comm, int* device) {
   return guard("ncclCommCuDevice", [&]() -> Status {
@@ -333,7 +352,12 @@ ncclResult_t ncclCommUserRank(const ncclComm_t comm, int* rank) {
 
 CHORUS_NCCL_API(const char*, ncclGetErrorString, ncclResult_t result);
 const char* ncclGetErrorString(ncclResult_t result) {
-  switch (result) {
+  // C callers may pass any int: read the bits, not the enum (a value outside ncclResult_t's
+  // range is undefined to load as one; UBSan's enum check reports it).
+  int code = 0;
+  static_assert(sizeof(code) == sizeof(result));
+  std::memcpy(&code, &result, sizeof(code));
+  switch (code) {
     case ncclSuccess: return "no error";
     case ncclUnhandledCudaError: return "unhandled cuda error (run with NCCL_DEBUG=INFO for details)";
     case ncclSystemError: return "unhandled system error (run with NCCL_DEBUG=INFO for details)";

@@ -19,7 +19,8 @@
 namespace chorus {
 
 Comm::Comm(CommIdentity id)
-    : recorder_(static_cast<size_t>(params::kFlightRecorderOps.get())) {
+    : recorder_(static_cast<size_t>(params::kFlightRecorderOps.get())),
+      timeout_ms_(params::kTimeoutMs.get()) {
   set_identity(std::move(id));
 }
 
@@ -349,10 +350,10 @@ Status Comm::check_stuck(Op& op) {
         l->check_alive();  // a link that failed already stays failed: it asks nothing
     }
   }
-  const int64_t timeout_ms = params::kTimeoutMs.get();
+  const int64_t timeout_ms = timeout_ms_.load(std::memory_order_relaxed);
   const int64_t idle_ns = now - op.last_progress_ns;
   if (idle_ns < timeout_ms * 1000000) return Status();
-  return remote_error("rank {}: no progress for {:.1f} s (CHORUS_TIMEOUT_MS={}){}", rank(),
+  return remote_error("rank {}: no progress for {:.1f} s (timeout {} ms){}", rank(),
                       idle_ns / 1e9, timeout_ms, waiting_summary(op));
 }
 

@@ -160,6 +160,11 @@ class Comm : public std::enable_shared_from_this<Comm> {
   // Logs `why` unless it was logged where it was detected, and marks it logged.
   void poison(Status& why);
   bool aborting() const { return abort_.load(std::memory_order_acquire); }
+  // How long an operation may make no progress before it fails (ncclRemoteError naming what it
+  // waits for): CHORUS_TIMEOUT_MS when the comm is made, a split or shrink child inherits its
+  // parent's, chorusCommSetTimeout changes it (any thread; the next check uses it).
+  int64_t timeout_ms() const { return timeout_ms_.load(std::memory_order_relaxed); }
+  void set_timeout_ms(int64_t ms) { timeout_ms_.store(ms, std::memory_order_relaxed); }
   // A deadline `ms` from now that also expires when the comm is aborted (setup waits).
   Deadline cancellable_deadline(int64_t ms) const { return Deadline::after_ms(ms, &abort_); }
   // Asks every operation in flight to stop; they fail. Returns at once.
@@ -315,6 +320,7 @@ class Comm : public std::enable_shared_from_this<Comm> {
   FlightRecorder recorder_;
   PeerWatch peer_watch_;             // drive lock: same-host peer processes (set at setup)
   std::vector<int> waited_for_;      // drive lock: scratch of check_stuck()
+  std::atomic<int64_t> timeout_ms_;
   int64_t next_alive_check_ns_ = 0;  // drive lock: check_stuck() asks peers every LIVENESS_MS
   std::vector<PeerLink*> active_;    // drive lock
   Op* current_ = nullptr;            // drive lock: the queue's head, once seen

@@ -110,10 +110,10 @@ bool Comm::run_express(const CollCall& in, Status* result) {
         if (Status dead = peer_watch_.check_now(std::span<const int>(&waited, 1)); !dead.ok())
           status = remote_error("rank {}: {}{}", rank(), dead.message(), waiting());
       }
-      if (status.ok() && now - last_progress_ns >= params::kTimeoutMs.get() * 1000000) {
-        status = remote_error("rank {}: no progress for {:.1f} s (CHORUS_TIMEOUT_MS={}){}", rank(),
-                              static_cast<double>(now - last_progress_ns) / 1e9,
-                              params::kTimeoutMs.get(), waiting());
+      if (status.ok() && now - last_progress_ns >= timeout_ms() * 1000000) {
+        status = remote_error("rank {}: no progress for {:.1f} s (timeout {} ms){}", rank(),
+                              static_cast<double>(now - last_progress_ns) / 1e9, timeout_ms(),
+                              waiting());
       }
       if (!status.ok()) break;
       if (!recorded && now - last_progress_ns >= kRecordWaitsFromNs) {

@@ -41,6 +41,7 @@ NewComm make_child(const std::shared_ptr<Comm>& parent, std::vector<int> members
   CommIdentity identity{new_rank, static_cast<int>(members.size()), uid,
                         parent->secret().derive(fmt::format("child:{:x}", uid)), cfg};
   auto comm = std::make_shared<Comm>(identity);
+  comm->set_timeout_ms(parent->timeout_ms());
   auto connect = [comm, parent, members, exchange]() -> Status {
     return comm->setup([&](const std::string& mine) -> Result<std::vector<std::string>> {
       CHORUS_ASSIGN_OR_RETURN(std::vector<std::string> records,
@@ -132,6 +133,7 @@ Result<NewComm> make_shrink_child(const std::shared_ptr<Comm>& parent,
   CommIdentity identity{new_rank, nranks, id.comm_uid,
                         id.secret.derive(fmt::format("child:{:x}", id.comm_uid)), cfg};
   auto comm = std::make_shared<Comm>(identity);
+  comm->set_timeout_ms(parent->timeout_ms());
   auto connect = [comm, id, new_rank, nranks]() -> Status {
     Deadline deadline = comm->cancellable_deadline(params::kBootstrapTimeoutMs.get());
     return comm->setup([&](const std::string& mine) -> Result<std::vector<std::string>> {

@@ -408,6 +408,65 @@ TEST_CASE("ncclGroupSimulateEnd estimates without running", "[ranks][api]") {
   REQUIRE(sim.estimatedTime > 0);
 }
 
+TEST_CASE("chorusCommSetTimeout bounds the waits of a comm, and its splits inherit it",
+          "[ranks][api][timeout]") {
+  RankGroup g(2);
+  REQUIRE(g.init_error().empty());
+  int64_t ms = 0;
+  REQUIRE(chorusCommGetTimeout(g.comm(0), &ms) == ncclSuccess);
+  CHECK(ms == params::kTimeoutMs.get());
+  CHECK(chorusCommSetTimeout(g.comm(0), 0) == ncclInvalidArgument);
+  CHECK(std::string(ncclGetLastError(nullptr)).find("timeoutMs is 0") != std::string::npos);
+  CHECK(chorusCommSetTimeout(nullptr, 100) == ncclInvalidArgument);
+  CHECK(chorusCommGetTimeout(g.comm(0), nullptr) == ncclInvalidArgument);
+
+  // Two children per rank, split after the parent's timeout is set: the small call (the
+  // express path) and the large one (a queued operation) each break their own child.
+  std::vector<ncclComm_t> small(2, nullptr), large(2, nullptr);
+  std::atomic<bool> rank0_done{false};
+  std::vector<std::string> errors(2);
+  std::string f = g.run([&](int r, ncclComm_t comm) -> std::string {
+    if (ncclResult_t res = chorusCommSetTimeout(comm, 400); res != ncclSuccess)
+      return err(res, "set timeout");
+    if (ncclResult_t res = ncclCommSplit(comm, 0, r, &small[r], nullptr); res != ncclSuccess)
+      return err(res, "split");
+    if (ncclResult_t res = ncclCommSplit(comm, 0, r, &large[r], nullptr); res != ncclSuccess)
+      return err(res, "split");
+    int64_t inherited = 0;
+    chorusCommGetTimeout(large[r], &inherited);
+    if (inherited != 400) return "the split's timeout is " + std::to_string(inherited);
+    if (r == 1) {  // silent until rank 0 gave up on both
+      while (!rank0_done.load()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      return "";
+    }
+    float x = 0.5f;
+    if (ncclAllReduce(&x, &x, 1, ncclFloat, ncclSum, small[r], nullptr) != ncclRemoteError)
+      return "the small AllReduce did not fail";
+    errors[0] = ncclGetLastError(small[r]);
+    std::vector<float> v(1 << 20, 0.25f);
+    if (ncclAllReduce(v.data(), v.data(), v.size(), ncclFloat, ncclSum, large[r], nullptr) !=
+        ncclRemoteError)
+      return "the large AllReduce did not fail";
+    errors[1] = ncclGetLastError(large[r]);
+    rank0_done = true;
+    return "";
+  });
+  REQUIRE(f.empty());
+  for (const std::string& e : errors) {
+    INFO(e);
+    CHECK(e.find("(timeout 400 ms)") != std::string::npos);
+    CHECK(e.find("waiting for rank 1") != std::string::npos);
+  }
+  for (int r = 0; r < 2; ++r) {
+    REQUIRE(ncclCommAbort(small[r]) == ncclSuccess);
+    REQUIRE(ncclCommAbort(large[r]) == ncclSuccess);
+  }
+  // The parent is untouched.
+  Case c;
+  c.count = 1000;
+  REQUIRE(g.run([&](int, ncclComm_t comm) { return run_case(comm, c); }) == "");
+}
+
 }  // namespace
 }  // namespace chorus::test
 

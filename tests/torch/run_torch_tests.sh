@@ -6,6 +6,7 @@
 #   ddp_test.py          DDP training (plain and with allreduce_hook) matches gloo, ranks bit-identical
 #   hooks_test.py        chorus_torch.hooks: overlap_hook equals plain DDP, fp8_hook stays close
 #   dead_rank_test.py    a dead rank becomes a prompt RuntimeError naming it
+#   silent_rank_test.py  a live rank that stops calling: the group's timeout ends the wait, naming it
 #   init_methods_test.py tcp:// and file:// bootstrap (plain processes, no torchrun)
 # Prints "ok <test>" or "FAIL <test>" per test and exits non-zero if any failed.
 #
@@ -92,7 +93,7 @@ report() {  # <name> <ok:0|1> <log> [why]
     else
         echo "FAIL $1${4:+ ($4)}"
         echo "---- failures reported in $3:"
-        grep -o -E '(MISMATCH|EXCEPTION|WATCHDOG|dead rank test: FAIL|ddp test: [0-9]+ FAIL|init methods test: FAIL|\[rank [0-9]+\] FAIL)[^[]*' "$3" \
+        grep -o -E '(MISMATCH|EXCEPTION|WATCHDOG|dead rank test: FAIL|silent rank test: FAIL|ddp test: [0-9]+ FAIL|init methods test: FAIL|\[rank [0-9]+\] FAIL)[^[]*' "$3" \
             | sort -u | head -60
         echo "---- last lines of $3:"
         grep -v -e 'UserWarning' -e '^  warnings.warn' "$3" | tail -15
@@ -132,8 +133,14 @@ if [ "$NPROC" -ge 3 ]; then
     n=$(count_ok "$log" 'dead rank test: OK on rank ')
     if [ "$n" = $((NPROC - 1)) ]; then report dead_rank_test 0 "$log"; grep -h 'RuntimeError after' "$log" | head -1
     else report dead_rank_test 1 "$log" "$n/$((NPROC - 1)) survivors OK, torchrun rc=$rc"; fi
+    # silent rank: alive but not calling; the group's timeout (4 s) must end the others' wait.
+    log=$LOGDIR/silent_rank.log
+    run_torchrun "$log" silent_rank_test.py; rc=$?
+    n=$(count_ok "$log" 'silent rank test: OK on rank ')
+    if [ "$n" = $((NPROC - 1)) ]; then report silent_rank_test 0 "$log"; grep -h 'RuntimeError after' "$log" | head -1
+    else report silent_rank_test 1 "$log" "$n/$((NPROC - 1)) survivors OK, torchrun rc=$rc"; fi
 else
-    echo "skip dead_rank_test (needs >= 3 ranks)"
+    echo "skip dead_rank_test, silent_rank_test (need >= 3 ranks)"
 fi
 
 # tcp:// and file:// init: NPROC plain processes with explicit --rank/--world-size (torchrun would

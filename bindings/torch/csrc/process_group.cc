@@ -2,6 +2,7 @@
 // File: bindings/torch/csrc/process_group.cc
 #include "process_group.h"
 
+#include <chorus/chorus.h>
 #include <chorus/compress.h>
 #include <chorus/overlap.h>
 
@@ -9,6 +10,7 @@
 #include <pybind11/pybind11.h>
 
 #include <ATen/ATen.h>
+#include <algorithm>
 #include <cstring>
 #include <numeric>
 #include <stdexcept>
@@ -254,6 +256,9 @@ ProcessGroupChorus::ProcessGroupChorus(const c10::intrusive_ptr<c10d::Store>& st
     std::copy(bytes.begin(), bytes.end(), id.internal);
   }
   check(ncclCommInitRank(&comm_, size, id, rank), "ncclCommInitRank");
+  // The group's timeout bounds every operation's wait for its peers (a silent or dead rank
+  // fails it naming that rank); the lanes' communicators, split below, inherit it.
+  check(chorusCommSetTimeout(comm_, std::max<int64_t>(1, timeout.count())), "chorusCommSetTimeout");
   for (auto& lane : lanes_) lane = std::make_unique<Lane>();
   lanes_[kMain]->comm = comm_;
   check(ncclCommSplit(comm_, 0, rank, &lanes_[kUp]->comm, nullptr), "ncclCommSplit (sends up)");
