@@ -24,7 +24,7 @@ TEST_CASE("ep: dispatch and combine, every routing and datatype, 2 3 4 and 8 ran
   }
 }
 
-TEST_CASE("ep: bad input is refused on every rank, naming it; the communicator stays usable",
+TEST_CASE("ep: bad input is refused on every rank, naming it, and the communicator stays usable",
           "[ranks][ep]") {
   for (int n : {2, 3}) {
     CAPTURE(n);

@@ -439,6 +439,9 @@ std::vector<EpCase> matrix_cases(int nranks, uint64_t seed) {
   cases.back().combine_dtype = ncclFloat32;
   cases.push_back(cases[1]);
   cases.back().combine_dtype = ncclBfloat16;
+  // DeepEP's shape (hidden 7168, top-8, FP8 dispatch, BF16 combine): messages of many chunks.
+  EpCase big{Routing::kSkewed, ncclFloat8e4m3, ncclBfloat16, 7168, 8, 4, 48, 16, true, seed + 999};
+  cases.push_back(big);
   return cases;
 }
 
