@@ -27,7 +27,8 @@ size_t align8(size_t v) { return (v + 7) / 8 * 8; }
 // One dispatched token on the wire: x, its FP8 scales, topk int64 indices, topk float weights.
 size_t record_bytes(size_t hidden, size_t elem, int topk) {
   const size_t scales = elem == 1 ? hidden / CHORUS_EP_FP8_BLOCK * sizeof(float) : 0;
-  return align8(hidden * elem + scales + static_cast<size_t>(topk) * (sizeof(int64_t) + sizeof(float)));
+  return align8(hidden * elem + scales +
+                static_cast<size_t>(topk) * (sizeof(int64_t) + sizeof(float)));
 }
 
 std::atomic<uint64_t> g_next_id{1};
@@ -42,13 +43,18 @@ Result<size_t> Buffer::size_hint(int nranks, size_t max_tokens, size_t hidden, i
   const auto copies = static_cast<unsigned __int128>(std::min(topk, nranks));
   const unsigned __int128 bytes = max_tokens * record * (copies + static_cast<unsigned>(nranks));
   if (bytes > SIZE_MAX / 2)
-    return invalid_argument("{} tokens of hidden {} and topk {} on {} ranks need more than 2^63 bytes",
-                            max_tokens, hidden, topk, nranks);
+    return invalid_argument(
+        "{} tokens of hidden {} and topk {} on {} ranks need more than 2^63 bytes", max_tokens,
+        hidden, topk, nranks);
   return static_cast<size_t>(bytes);
 }
 
 Buffer::Buffer(ncclComm_t comm, int rank, int nranks, size_t bytes)
-    : comm_(comm), rank_(rank), nranks_(nranks), id_(g_next_id.fetch_add(1)), bytes_(bytes),
+    : comm_(comm),
+      rank_(rank),
+      nranks_(nranks),
+      id_(g_next_id.fetch_add(1)),
+      bytes_(bytes),
       staging_(new char[std::max<size_t>(bytes, 1)]) {}
 
 Result<std::unique_ptr<Buffer>> Buffer::create(ncclComm_t comm, size_t bytes) {
@@ -72,7 +78,8 @@ Status Buffer::agree(const char* call, Status mine, const std::vector<int64_t>& 
   if (!mine.ok()) return mine;
   std::string refused;
   for (int q = 0; q < nranks_; ++q)
-    if (all[static_cast<size_t>(q) * width] != 0) refused += (refused.empty() ? "" : ", ") + std::to_string(q);
+    if (all[static_cast<size_t>(q) * width] != 0)
+      refused += (refused.empty() ? "" : ", ") + std::to_string(q);
   if (!refused.empty())
     return invalid_argument("{} was refused on rank(s) {} (their errors say why); nothing was sent",
                             call, refused);
@@ -97,10 +104,13 @@ Result<std::unique_ptr<Handle>> Buffer::dispatch(const chorusEpDispatchArgs_t& a
   Routing routing;
   if (st.ok()) {
     auto routed = route(args.topkIdx, args.numTokens, args.topk, args.numExperts, nranks_);
-    if (routed.ok()) routing = std::move(routed).value();
-    else st = routed.take_status();
+    if (routed.ok())
+      routing = std::move(routed).value();
+    else
+      st = routed.take_status();
   }
-  if (st.ok()) st = check_layout(routing, args.numTokensPerRank, args.numTokensPerExpert, args.isTokenInRank);
+  if (st.ok())
+    st = check_layout(routing, args.numTokensPerRank, args.numTokensPerExpert, args.isTokenInRank);
 
   // Counts: how many tokens each rank sends to each (a refusing rank announces none).
   std::vector<int64_t> send_count(n, 0), recv_count(n, 0);
@@ -111,7 +121,8 @@ Result<std::unique_ptr<Handle>> Buffer::dispatch(const chorusEpDispatchArgs_t& a
   const size_t elem = st.ok() ? elem_size(datatype) : 1;
   const size_t record = st.ok() ? record_bytes(args.hidden, elem, args.topk) : 0;
   std::vector<size_t> recv_offset(n + 1, 0);
-  for (size_t q = 0; q < n; ++q) recv_offset[q + 1] = recv_offset[q] + static_cast<size_t>(recv_count[q]);
+  for (size_t q = 0; q < n; ++q)
+    recv_offset[q + 1] = recv_offset[q] + static_cast<size_t>(recv_count[q]);
   const size_t num_recv = recv_offset[n];
   const size_t num_sent = routing.send_tokens.size();
   if (st.ok() && num_recv > out.recvCapacity)
@@ -127,11 +138,13 @@ Result<std::unique_ptr<Handle>> Buffer::dispatch(const chorusEpDispatchArgs_t& a
         rank_, num_sent, num_recv, record, (num_sent + num_recv) * record, bytes_, nranks_,
         max_tokens, args.hidden, args.topk, hint.ok() ? hint.value() : SIZE_MAX);
   }
-  CHORUS_RETURN_IF_ERROR(agree("chorusEpDispatch", std::move(st),
-                               {static_cast<int64_t>(args.hidden), args.topk, args.numExperts, datatype},
-                               {"hidden", "topk", "numExperts", "datatype"}));
+  CHORUS_RETURN_IF_ERROR(
+      agree("chorusEpDispatch", std::move(st),
+            {static_cast<int64_t>(args.hidden), args.topk, args.numExperts, datatype},
+            {"hidden", "topk", "numExperts", "datatype"}));
 
-  CHORUS_RETURN_IF_ERROR(pack_and_send(args, elem, record, routing.send_offset, routing.send_tokens, recv_offset));
+  CHORUS_RETURN_IF_ERROR(
+      pack_and_send(args, elem, record, routing.send_offset, routing.send_tokens, recv_offset));
   unpack(args, elem, record, num_sent, num_recv, out);
 
   auto h = std::make_unique<Handle>();
@@ -160,19 +173,24 @@ Status Buffer::pack_and_send(const chorusEpDispatchArgs_t& args, size_t elem, si
     char* rec = send_area + i * record;
     std::memcpy(rec, static_cast<const char*>(args.x) + t * x_bytes, x_bytes);
     rec += x_bytes;
-    if (scale_bytes > 0) std::memcpy(rec, args.xScales + t * (scale_bytes / sizeof(float)), scale_bytes);
+    if (scale_bytes > 0)
+      std::memcpy(rec, args.xScales + t * (scale_bytes / sizeof(float)), scale_bytes);
     rec += scale_bytes;
     std::memcpy(rec, args.topkIdx + t * k, k * sizeof(int64_t));
     rec += k * sizeof(int64_t);
-    if (args.topkWeights != nullptr) std::memcpy(rec, args.topkWeights + t * k, k * sizeof(float));
-    else std::memset(rec, 0, k * sizeof(float));
+    if (args.topkWeights != nullptr)
+      std::memcpy(rec, args.topkWeights + t * k, k * sizeof(float));
+    else
+      std::memset(rec, 0, k * sizeof(float));
   }
   std::vector<SendMsg> sends;
   std::vector<RecvMsg> recvs;
   for (int q = 0; q < nranks_; ++q) {
     const auto u = static_cast<size_t>(q);
-    sends.push_back({q, send_area + send_offset[u] * record, (send_offset[u + 1] - send_offset[u]) * record});
-    recvs.push_back({q, recv_area + recv_offset[u] * record, (recv_offset[u + 1] - recv_offset[u]) * record});
+    sends.push_back(
+        {q, send_area + send_offset[u] * record, (send_offset[u + 1] - send_offset[u]) * record});
+    recvs.push_back(
+        {q, recv_area + recv_offset[u] * record, (recv_offset[u + 1] - recv_offset[u]) * record});
   }
   return exchange(comm_, rank_, sends, recvs);
 }
@@ -202,8 +220,10 @@ void Buffer::unpack(const chorusEpDispatchArgs_t& args, size_t elem, size_t reco
       if (!here) w[s] = 0.0f;
       if (here) ++per_expert[static_cast<size_t>(idx[s])];
     }
-    if (out.recvTopkIdx != nullptr) std::memcpy(out.recvTopkIdx + i * k, idx.data(), k * sizeof(int64_t));
-    if (out.recvTopkWeights != nullptr) std::memcpy(out.recvTopkWeights + i * k, w.data(), k * sizeof(float));
+    if (out.recvTopkIdx != nullptr)
+      std::memcpy(out.recvTopkIdx + i * k, idx.data(), k * sizeof(int64_t));
+    if (out.recvTopkWeights != nullptr)
+      std::memcpy(out.recvTopkWeights + i * k, w.data(), k * sizeof(float));
   }
   out.numRecvTokens = num_recv;
   const auto align = static_cast<size_t>(args.expertAlignment);

@@ -67,8 +67,8 @@ class Buffer {
                        const std::vector<size_t>& send_offset,
                        const std::vector<size_t>& send_tokens,
                        const std::vector<size_t>& recv_offset);
-  void unpack(const chorusEpDispatchArgs_t& args, size_t elem, size_t record,
-              size_t send_records, size_t num_recv, chorusEpDispatchOutput_t& out) const;
+  void unpack(const chorusEpDispatchArgs_t& args, size_t elem, size_t record, size_t send_records,
+              size_t num_recv, chorusEpDispatchOutput_t& out) const;
 
   ncclComm_t comm_;
   int rank_;

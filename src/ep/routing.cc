@@ -6,7 +6,8 @@
 namespace chorus::ep {
 
 Status check_experts(int num_experts, int nranks) {
-  if (num_experts <= 0) return invalid_argument("numExperts is {}: it must be positive", num_experts);
+  if (num_experts <= 0)
+    return invalid_argument("numExperts is {}: it must be positive", num_experts);
   if (num_experts % nranks != 0)
     return invalid_argument(
         "numExperts {} is not a multiple of the communicator's {} ranks (experts are split "
@@ -43,7 +44,8 @@ Result<Routing> route(const int64_t* topk_idx, size_t num_tokens, int topk, int 
   r.send_offset.assign(static_cast<size_t>(nranks) + 1, 0);
   for (int q = 0; q < nranks; ++q)
     r.send_offset[static_cast<size_t>(q) + 1] =
-        r.send_offset[static_cast<size_t>(q)] + static_cast<size_t>(r.per_rank[static_cast<size_t>(q)]);
+        r.send_offset[static_cast<size_t>(q)] +
+        static_cast<size_t>(r.per_rank[static_cast<size_t>(q)]);
   r.send_tokens.resize(r.send_offset.back());
   std::vector<size_t> next(r.send_offset.begin(), r.send_offset.end() - 1);
   for (int q = 0; q < nranks; ++q)

@@ -17,9 +17,9 @@ struct Routing {
   int num_experts = 0;
   int topk = 0;
   size_t num_tokens = 0;
-  std::vector<uint8_t> in_rank;     // [num_tokens * nranks]: 1 iff an expert of the token is there
-  std::vector<int> per_rank;        // [nranks]: tokens with an expert on the rank
-  std::vector<int> per_expert;      // [num_experts]: (token, slot) pairs per expert
+  std::vector<uint8_t> in_rank;  // [num_tokens * nranks]: 1 iff an expert of the token is there
+  std::vector<int> per_rank;     // [nranks]: tokens with an expert on the rank
+  std::vector<int> per_expert;   // [num_experts]: (token, slot) pairs per expert
   // Tokens for rank r, ascending: send_tokens[send_offset[r] .. send_offset[r + 1]).
   std::vector<size_t> send_offset;  // [nranks + 1]
   std::vector<size_t> send_tokens;

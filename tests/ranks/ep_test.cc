@@ -4,9 +4,9 @@
 // datatype checked on every rank against a reference each rank computes from the regenerated
 // inputs of all ranks (tests/support/ep_check.h; processes: tests/mp), and bad input refused on
 // every rank with the communicator usable afterwards.
-#include <catch2/catch.hpp>
 #include <nccl.h>
 
+#include <catch2/catch.hpp>
 #include <string>
 
 #include "support/ep_check.h"
@@ -15,12 +15,15 @@
 namespace chorus::test {
 namespace {
 
-TEST_CASE("ep: dispatch and combine, every routing and datatype, 2 3 4 and 8 ranks", "[ranks][ep]") {
+TEST_CASE("ep: dispatch and combine, every routing and datatype, 2 3 4 and 8 ranks",
+          "[ranks][ep]") {
   for (int n : {2, 3, 4, 8}) {
     CAPTURE(n);
     RankGroup g(n);
     REQUIRE(g.init_error().empty());
-    CHECK(g.run([&](int, ncclComm_t comm) { return check_ep_matrix(comm, 1000 + static_cast<uint64_t>(n)); }) == "");
+    CHECK(g.run([&](int, ncclComm_t comm) {
+      return check_ep_matrix(comm, 1000 + static_cast<uint64_t>(n));
+    }) == "");
   }
 }
 

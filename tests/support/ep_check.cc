@@ -28,11 +28,16 @@ enum class Routing { kUniform, kSkewed, kHotExpert, kFewerThanTopk, kSomeReceive
 
 const char* routing_name(Routing r) {
   switch (r) {
-    case Routing::kUniform: return "uniform";
-    case Routing::kSkewed: return "skewed";
-    case Routing::kHotExpert: return "hot expert";
-    case Routing::kFewerThanTopk: return "fewer than topk";
-    case Routing::kSomeReceiveNothing: return "some ranks receive nothing";
+    case Routing::kUniform:
+      return "uniform";
+    case Routing::kSkewed:
+      return "skewed";
+    case Routing::kHotExpert:
+      return "hot expert";
+    case Routing::kFewerThanTopk:
+      return "fewer than topk";
+    case Routing::kSomeReceiveNothing:
+      return "some ranks receive nothing";
   }
   return "?";
 }
@@ -55,9 +60,9 @@ struct EpCase {
   bool pass_layout;
   uint64_t seed;
   std::string describe() const {
-    return fmt::format("{} {} -> {} hidden {} topk {} experts/rank {} align {}{}", routing_name(routing),
-                       dtype_name(dtype), dtype_name(combine_dtype), hidden, topk, local_experts,
-                       alignment, pass_layout ? " layout given" : "");
+    return fmt::format("{} {} -> {} hidden {} topk {} experts/rank {} align {}{}",
+                       routing_name(routing), dtype_name(dtype), dtype_name(combine_dtype), hidden,
+                       topk, local_experts, alignment, pass_layout ? " layout given" : "");
   }
 };
 
@@ -98,7 +103,8 @@ std::vector<int64_t> route_token(const EpCase& c, int nranks, std::mt19937_64& g
   for (int64_t e = 0; e < limit; ++e) {
     if (c.routing == Routing::kHotExpert && e == hot) continue;
     pool.push_back(e);
-    if (c.routing == Routing::kSkewed) weight.push_back(1.0 / std::pow(static_cast<double>(e + 1), 1.5));
+    if (c.routing == Routing::kSkewed)
+      weight.push_back(1.0 / std::pow(static_cast<double>(e + 1), 1.5));
   }
   if (c.routing == Routing::kFewerThanTopk) want = gen() % (want + 1);
   if (c.routing == Routing::kHotExpert) --want;
@@ -128,7 +134,8 @@ RankInput make_input(const EpCase& c, int rank, int nranks) {
     }
     for (size_t blk = 0; c.dtype == ncclFloat8e4m3 && blk < h / CHORUS_EP_FP8_BLOCK; ++blk) {
       float amax = 0;
-      for (size_t i = 0; i < CHORUS_EP_FP8_BLOCK; ++i) amax = std::max(amax, std::fabs(v[blk * 128 + i]));
+      for (size_t i = 0; i < CHORUS_EP_FP8_BLOCK; ++i)
+        amax = std::max(amax, std::fabs(v[blk * 128 + i]));
       const float scale = amax / 448.0f;
       in.scales[t * (h / CHORUS_EP_FP8_BLOCK) + blk] = scale;
       for (size_t i = 0; i < CHORUS_EP_FP8_BLOCK; ++i)
@@ -232,7 +239,8 @@ std::string check_layout(chorusEpBuffer_t b, const Run& run, std::vector<int>& p
   ncclResult_t r = chorusEpGetDispatchLayout(b, in.idx.data(), in.num_tokens, run.c.topk, experts,
                                              per_rank.data(), per_expert.data(), in_rank.data());
   if (r != ncclSuccess) return nccl_error("chorusEpGetDispatchLayout", r);
-  std::vector<int> want_rank(static_cast<size_t>(n), 0), want_expert(static_cast<size_t>(experts), 0);
+  std::vector<int> want_rank(static_cast<size_t>(n), 0),
+      want_expert(static_cast<size_t>(experts), 0);
   std::vector<uint8_t> want_in(in_rank.size(), 0);
   for (size_t t = 0; t < in.num_tokens; ++t)
     for (int k = 0; k < run.c.topk; ++k) {
@@ -242,8 +250,11 @@ std::string check_layout(chorusEpBuffer_t b, const Run& run, std::vector<int>& p
       want_in[t * static_cast<size_t>(n) + static_cast<size_t>(run.rank_of(e))] = 1;
     }
   for (size_t t = 0; t < in.num_tokens; ++t)
-    for (int q = 0; q < n; ++q) want_rank[static_cast<size_t>(q)] += want_in[t * static_cast<size_t>(n) + static_cast<size_t>(q)];
-  if (per_rank != want_rank || per_expert != want_expert || in_rank != want_in) return "layout differs from the reference\n";
+    for (int q = 0; q < n; ++q)
+      want_rank[static_cast<size_t>(q)] +=
+          want_in[t * static_cast<size_t>(n) + static_cast<size_t>(q)];
+  if (per_rank != want_rank || per_expert != want_expert || in_rank != want_in)
+    return "layout differs from the reference\n";
   return "";
 }
 
@@ -316,13 +327,16 @@ std::string check_received(const Run& run) {
     const auto& src = run.all[static_cast<size_t>(s)];
     for (size_t t = 0; t < src.num_tokens; ++t) {
       bool here = false;
-      for (size_t q = 0; q < k; ++q) here = here || (src.idx[t * k + q] >= 0 && run.rank_of(src.idx[t * k + q]) == run.rank);
+      for (size_t q = 0; q < k; ++q)
+        here = here || (src.idx[t * k + q] >= 0 && run.rank_of(src.idx[t * k + q]) == run.rank);
       if (!here) continue;
-      if (i >= run.num_recv) return fmt::format("received {} tokens, fewer than expected\n", run.num_recv);
+      if (i >= run.num_recv)
+        return fmt::format("received {} tokens, fewer than expected\n", run.num_recv);
       const auto where = fmt::format("received token {} (token {} of rank {})", i, t, s);
       if (std::memcmp(&run.recv_x[i * xb], &src.x[t * xb], xb) != 0) return where + ": x differs\n";
       const size_t ns = h / CHORUS_EP_FP8_BLOCK;
-      if (c.dtype == ncclFloat8e4m3 && std::memcmp(&run.recv_scales[i * ns], &src.scales[t * ns], ns * 4) != 0)
+      if (c.dtype == ncclFloat8e4m3 &&
+          std::memcmp(&run.recv_scales[i * ns], &src.scales[t * ns], ns * 4) != 0)
         return where + ": scales differ\n";
       for (size_t q = 0; q < k; ++q) {
         const int64_t e = src.idx[t * k + q];
@@ -355,8 +369,10 @@ std::string combine(chorusEpBuffer_t b, const Run& run, bool with_weights) {
   std::vector<float> v(h), out(h);
   std::vector<int64_t> global(k);
   for (size_t i = 0; i < run.num_recv; ++i) {
-    for (size_t ch = 0; ch < h; ++ch) v[ch] = load(c, run.recv_x.data(), run.recv_scales.data(), i, ch);
-    for (size_t q = 0; q < k; ++q) global[q] = run.recv_idx[i * k + q] >= 0 ? first + run.recv_idx[i * k + q] : -1;
+    for (size_t ch = 0; ch < h; ++ch)
+      v[ch] = load(c, run.recv_x.data(), run.recv_scales.data(), i, ch);
+    for (size_t q = 0; q < k; ++q)
+      global[q] = run.recv_idx[i * k + q] >= 0 ? first + run.recv_idx[i * k + q] : -1;
     partial(c, v, global.data(), &run.recv_w[i * k], out);
     for (size_t ch = 0; ch < h; ++ch) store(c.combine_dtype, y, i * h + ch, out[ch]);
   }
@@ -397,17 +413,21 @@ std::string combine(chorusEpBuffer_t b, const Run& run, bool with_weights) {
       }
       const double tol = (c.combine_dtype == ncclBfloat16 ? 0x1p-6 : 0x1p-17) * mag + 1e-30;
       if (std::fabs(static_cast<double>(acc[ch]) - sum) > tol)
-        return fmt::format("token {} channel {}: combined {} is not the weighted sum {}\n", t, ch, acc[ch], sum);
+        return fmt::format("token {} channel {}: combined {} is not the weighted sum {}\n", t, ch,
+                           acc[ch], sum);
     }
     for (size_t s = 0; with_weights && s < k; ++s) {
       const float want_w = in.idx[t * k + s] >= 0 ? in.w[t * k + s] : 0.0f;
       if (got_w[t * k + s] != want_w)
-        return fmt::format("token {} slot {}: combined weight {}, expected {}\n", t, s, got_w[t * k + s], want_w);
+        return fmt::format("token {} slot {}: combined weight {}, expected {}\n", t, s,
+                           got_w[t * k + s], want_w);
     }
   }
   if (in.num_tokens > 0 && std::memcmp(got.data(), want.data(), in.num_tokens * h * ce) != 0) {
     for (size_t i = 0; i < in.num_tokens * h * ce; ++i)
-      if (got[i] != want[i]) return fmt::format("combined token {} differs from the reference (byte {})\n", i / (h * ce), i);
+      if (got[i] != want[i])
+        return fmt::format("combined token {} differs from the reference (byte {})\n", i / (h * ce),
+                           i);
   }
   return "";
 }
@@ -450,7 +470,8 @@ std::string make_buffer(ncclComm_t comm, const std::vector<const Run*>& runs, ch
   size_t bytes = 0;
   for (const Run* run : runs) {
     size_t need = 0;
-    ncclResult_t r = chorusEpBufferSizeHint(run->nranks, max_tokens(*run), run->c.hidden, run->c.topk, &need);
+    ncclResult_t r =
+        chorusEpBufferSizeHint(run->nranks, max_tokens(*run), run->c.hidden, run->c.topk, &need);
     if (r != ncclSuccess) return nccl_error("chorusEpBufferSizeHint", r);
     bytes = std::max(bytes, need);
   }
@@ -465,14 +486,16 @@ std::string run_case(ncclComm_t comm, const EpCase& c, int rank, int nranks) {
   if (f.empty()) f = dispatch(b, run);
   if (f.empty()) f = check_received(run);
   if (f.empty()) f = combine(b, run, /*with_weights=*/true);
-  if (run.handle != nullptr && chorusEpHandleDestroy(run.handle) != ncclSuccess && f.empty()) f = "handle destroy\n";
+  if (run.handle != nullptr && chorusEpHandleDestroy(run.handle) != ncclSuccess && f.empty())
+    f = "handle destroy\n";
   if (b != nullptr && chorusEpBufferDestroy(b) != ncclSuccess && f.empty()) f = "buffer destroy\n";
   return f.empty() ? "" : c.describe() + ": " + f;
 }
 
 // Two dispatches alive at once on one buffer, combined in reverse order, one of them twice and
 // once without weights.
-std::string run_two_handles(ncclComm_t comm, const EpCase& c1, const EpCase& c2, int rank, int nranks) {
+std::string run_two_handles(ncclComm_t comm, const EpCase& c1, const EpCase& c2, int rank,
+                            int nranks) {
   Run a = make_run(c1, rank, nranks), b2 = make_run(c2, rank, nranks);
   chorusEpBuffer_t b = nullptr;
   std::string f = make_buffer(comm, {&a, &b2}, &b);
@@ -483,7 +506,8 @@ std::string run_two_handles(ncclComm_t comm, const EpCase& c1, const EpCase& c2,
   if (f.empty()) f = combine(b, a, false);
   if (f.empty()) f = combine(b, a, true);
   for (Run* r : {&a, &b2})
-    if (r->handle != nullptr && chorusEpHandleDestroy(r->handle) != ncclSuccess && f.empty()) f = "handle destroy\n";
+    if (r->handle != nullptr && chorusEpHandleDestroy(r->handle) != ncclSuccess && f.empty())
+      f = "handle destroy\n";
   if (b != nullptr && chorusEpBufferDestroy(b) != ncclSuccess && f.empty()) f = "buffer destroy\n";
   return f.empty() ? "" : "two handles: " + f;
 }
@@ -493,7 +517,8 @@ std::string run_two_handles(ncclComm_t comm, const EpCase& c1, const EpCase& c2,
 std::string expect_refused(const char* what, ncclResult_t r, int rank, int culprit,
                            const std::string& text) {
   const std::string msg = ncclGetLastError(nullptr);
-  const std::string want = culprit < 0 || culprit == rank ? text : fmt::format("refused on rank(s) {}", culprit);
+  const std::string want =
+      culprit < 0 || culprit == rank ? text : fmt::format("refused on rank(s) {}", culprit);
   if (r != ncclInvalidArgument || msg.find(want) == std::string::npos)
     return fmt::format("{}: got {} \"{}\", expected ncclInvalidArgument with \"{}\"\n", what,
                        ncclGetErrorString(r), msg, want);
@@ -533,35 +558,57 @@ std::string bad_dispatches(chorusEpBuffer_t b, int rank, int nranks) {
   std::string f;
   std::vector<int64_t> idx = run.mine().idx;
   idx[3 * 2 + 1] = experts;
-  f += expect_refused("expert index numExperts on rank 0",
-                      bad_dispatch(b, run, [&](Prepared& p) {
-                        p.a.numTokensPerRank = nullptr, p.a.numTokensPerExpert = nullptr, p.a.isTokenInRank = nullptr;
-                        if (rank == 0) p.a.topkIdx = idx.data();
-                      }),
-                      rank, 0, fmt::format("token 3 slot 1: expert index {} is outside [-1, {})", experts, experts));
+  f += expect_refused(
+      "expert index numExperts on rank 0",
+      bad_dispatch(b, run,
+                   [&](Prepared& p) {
+                     p.a.numTokensPerRank = nullptr, p.a.numTokensPerExpert = nullptr,
+                     p.a.isTokenInRank = nullptr;
+                     if (rank == 0) p.a.topkIdx = idx.data();
+                   }),
+      rank, 0,
+      fmt::format("token 3 slot 1: expert index {} is outside [-1, {})", experts, experts));
   idx = run.mine().idx;
   idx[0] = -2;
-  f += expect_refused("expert index -2 everywhere", bad_dispatch(b, run, [&](Prepared& p) {
-                        p.a.numTokensPerRank = nullptr, p.a.numTokensPerExpert = nullptr, p.a.isTokenInRank = nullptr;
-                        p.a.topkIdx = idx.data();
-                      }), rank, -1, "token 0 slot 0: expert index -2");
-  f += expect_refused("FP8 with hidden 100", bad_dispatch(b, run, [&](Prepared& p) {
-                        p.a.datatype = ncclFloat8e4m3, p.a.hidden = 100, p.a.xScales = p.a.topkWeights;
-                      }), rank, -1, "hidden 100 is not a multiple of 128");
-  f += expect_refused("numExperts not a multiple of nranks", bad_dispatch(b, run, [&](Prepared& p) {
-                        p.a.numExperts = 2 * nranks + 1;
-                      }), rank, -1, "is not a multiple of the communicator's");
-  f += expect_refused("float16", bad_dispatch(b, run, [&](Prepared& p) { p.a.datatype = ncclFloat16; }),
-                      rank, -1, "datatype 6 is not supported");
-  f += expect_refused("recvCapacity 1 on rank 1", bad_dispatch(b, run, [&](Prepared& p) {
-                        if (rank == 1) p.o.recvCapacity = 1;
-                      }), rank, 1, "recvCapacity 1");
-  f += expect_refused("layout not matching topkIdx on rank 0", bad_dispatch(b, run, [&](Prepared& p) {
-                        if (rank == 0) ++p.per_rank[0];
-                      }), rank, 0, "numTokensPerRank[0] is");
-  f += expect_refused("hidden differs", bad_dispatch(b, run, [&](Prepared& p) {
-                        if (rank == 1) p.a.hidden = 32;
-                      }), rank, -1, "hidden differs between ranks: 64 on rank 0, 32 on rank 1");
+  f += expect_refused("expert index -2 everywhere",
+                      bad_dispatch(b, run,
+                                   [&](Prepared& p) {
+                                     p.a.numTokensPerRank = nullptr,
+                                     p.a.numTokensPerExpert = nullptr, p.a.isTokenInRank = nullptr;
+                                     p.a.topkIdx = idx.data();
+                                   }),
+                      rank, -1, "token 0 slot 0: expert index -2");
+  f += expect_refused("FP8 with hidden 100",
+                      bad_dispatch(b, run,
+                                   [&](Prepared& p) {
+                                     p.a.datatype = ncclFloat8e4m3, p.a.hidden = 100,
+                                     p.a.xScales = p.a.topkWeights;
+                                   }),
+                      rank, -1, "hidden 100 is not a multiple of 128");
+  f += expect_refused("numExperts not a multiple of nranks",
+                      bad_dispatch(b, run, [&](Prepared& p) { p.a.numExperts = 2 * nranks + 1; }),
+                      rank, -1, "is not a multiple of the communicator's");
+  f += expect_refused("float16",
+                      bad_dispatch(b, run, [&](Prepared& p) { p.a.datatype = ncclFloat16; }), rank,
+                      -1, "datatype 6 is not supported");
+  f += expect_refused("recvCapacity 1 on rank 1",
+                      bad_dispatch(b, run,
+                                   [&](Prepared& p) {
+                                     if (rank == 1) p.o.recvCapacity = 1;
+                                   }),
+                      rank, 1, "recvCapacity 1");
+  f += expect_refused("layout not matching topkIdx on rank 0",
+                      bad_dispatch(b, run,
+                                   [&](Prepared& p) {
+                                     if (rank == 0) ++p.per_rank[0];
+                                   }),
+                      rank, 0, "numTokensPerRank[0] is");
+  f += expect_refused("hidden differs",
+                      bad_dispatch(b, run,
+                                   [&](Prepared& p) {
+                                     if (rank == 1) p.a.hidden = 32;
+                                   }),
+                      rank, -1, "hidden differs between ranks: 64 on rank 0, 32 on rank 1");
   return f;
 }
 
@@ -571,16 +618,22 @@ std::string bad_combines(chorusEpBuffer_t b, ncclComm_t comm, int rank, int nran
   if (!f.empty()) return "dispatch for the combine checks: " + f;
   std::vector<float> y(std::max<size_t>(run.num_recv, 1) * run.c.hidden, 0.5f);
   std::vector<float> out(std::max<size_t>(run.mine().num_tokens, 1) * run.c.hidden);
-  f += expect_refused("combine in FP8", chorusEpCombine(b, run.handle, y.data(), ncclFloat8e4m3, nullptr, out.data(), nullptr),
-                      rank, -1, "not supported by combine");
+  f += expect_refused(
+      "combine in FP8",
+      chorusEpCombine(b, run.handle, y.data(), ncclFloat8e4m3, nullptr, out.data(), nullptr), rank,
+      -1, "not supported by combine");
   chorusEpBuffer_t other = nullptr;
   if (chorusEpBufferCreate(comm, 1 << 16, &other) != ncclSuccess) return f + "second buffer\n";
-  f += expect_refused("handle of another buffer", chorusEpCombine(other, run.handle, y.data(), ncclFloat32, nullptr, out.data(), nullptr),
-                      rank, -1, "comes from the dispatch of another buffer");
+  f += expect_refused(
+      "handle of another buffer",
+      chorusEpCombine(other, run.handle, y.data(), ncclFloat32, nullptr, out.data(), nullptr), rank,
+      -1, "comes from the dispatch of another buffer");
   chorusEpBufferDestroy(other);
   if (rank == 0) chorusEpHandleDestroy(run.handle);
-  f += expect_refused("destroyed handle on rank 0", chorusEpCombine(b, run.handle, y.data(), ncclFloat32, nullptr, out.data(), nullptr),
-                      rank, 0, "is not a live chorusEpHandle_t");
+  f += expect_refused(
+      "destroyed handle on rank 0",
+      chorusEpCombine(b, run.handle, y.data(), ncclFloat32, nullptr, out.data(), nullptr), rank, 0,
+      "is not a live chorusEpHandle_t");
   if (rank != 0) chorusEpHandleDestroy(run.handle);
   return f;
 }
@@ -597,19 +650,26 @@ std::string bad_sizes(ncclComm_t comm, int rank, int nranks) {
   Prepared p;
   std::string f = prepare(b, run, p);
   chorusEpHandle_t h = nullptr;
-  if (rank != 0) p.a.numTokens = 0, p.a.numTokensPerRank = nullptr, p.a.numTokensPerExpert = nullptr, p.a.isTokenInRank = nullptr;
+  if (rank != 0)
+    p.a.numTokens = 0, p.a.numTokensPerRank = nullptr, p.a.numTokensPerExpert = nullptr,
+    p.a.isTokenInRank = nullptr;
   const ncclResult_t r = chorusEpDispatch(b, &p.a, &p.o, &h);
   const std::string msg = ncclGetLastError(nullptr);
-  const std::string hint = fmt::format("chorusEpBufferSizeHint(nranks {}, maxTokens {}", nranks, run.mine().num_tokens);
+  const std::string hint =
+      fmt::format("chorusEpBufferSizeHint(nranks {}, maxTokens {}", nranks, run.mine().num_tokens);
   if (rank == 0 && (r != ncclInvalidArgument || msg.find(hint) == std::string::npos))
-    f += fmt::format("too many tokens: got {} \"{}\", expected the hint \"{}\"\n", ncclGetErrorString(r), msg, hint);
-  if (rank != 0 && r != ncclInvalidArgument) f += fmt::format("too many tokens on rank 0: rank {} got {}\n", rank, ncclGetErrorString(r));
+    f += fmt::format("too many tokens: got {} \"{}\", expected the hint \"{}\"\n",
+                     ncclGetErrorString(r), msg, hint);
+  if (rank != 0 && r != ncclInvalidArgument)
+    f += fmt::format("too many tokens on rank 0: rank {} got {}\n", rank, ncclGetErrorString(r));
   chorusEpBufferDestroy(b);
   // The layout call checks alone (no communication).
   std::vector<int64_t> idx = {0, -5};
   std::vector<int> per_rank(static_cast<size_t>(nranks));
-  f += expect_refused("layout on a destroyed buffer", chorusEpGetDispatchLayout(b, idx.data(), 1, 2, 2 * nranks, per_rank.data(), nullptr, nullptr),
-                      rank, -1, "is not a live chorusEpBuffer_t");
+  f += expect_refused(
+      "layout on a destroyed buffer",
+      chorusEpGetDispatchLayout(b, idx.data(), 1, 2, 2 * nranks, per_rank.data(), nullptr, nullptr),
+      rank, -1, "is not a live chorusEpBuffer_t");
   return f;
 }
 
@@ -626,10 +686,14 @@ std::string check_ep_bad_input(ncclComm_t comm) {
     return nccl_error("buffer", ncclInternalError);
   std::vector<int64_t> idx = {0, -5};
   std::vector<int> per_rank(static_cast<size_t>(nranks));
-  std::string f = expect_refused("layout of expert -5", chorusEpGetDispatchLayout(b, idx.data(), 1, 2, 2 * nranks, per_rank.data(), nullptr, nullptr),
-                                 rank, -1, "token 0 slot 1: expert index -5");
-  f += expect_refused("topk 0", chorusEpGetDispatchLayout(b, idx.data(), 1, 0, 2 * nranks, per_rank.data(), nullptr, nullptr),
-                      rank, -1, "topk is 0");
+  std::string f = expect_refused(
+      "layout of expert -5",
+      chorusEpGetDispatchLayout(b, idx.data(), 1, 2, 2 * nranks, per_rank.data(), nullptr, nullptr),
+      rank, -1, "token 0 slot 1: expert index -5");
+  f += expect_refused(
+      "topk 0",
+      chorusEpGetDispatchLayout(b, idx.data(), 1, 0, 2 * nranks, per_rank.data(), nullptr, nullptr),
+      rank, -1, "topk is 0");
   f += bad_dispatches(b, rank, nranks);
   f += bad_combines(b, comm, rank, nranks);
   chorusEpBufferDestroy(b);
@@ -637,7 +701,8 @@ std::string check_ep_bad_input(ncclComm_t comm) {
   // Still usable: a whole dispatch and combine, and a plain collective.
   f += run_case(comm, small_case(21), rank, nranks);
   float x = 1.5f;
-  if (ncclAllReduce(&x, &x, 1, ncclFloat32, ncclSum, comm, nullptr) != ncclSuccess || x != 1.5f * static_cast<float>(nranks))
+  if (ncclAllReduce(&x, &x, 1, ncclFloat32, ncclSum, comm, nullptr) != ncclSuccess ||
+      x != 1.5f * static_cast<float>(nranks))
     f += "AllReduce after the refused calls failed\n";
   return f;
 }
