@@ -241,7 +241,9 @@ Status Buffer::combine(const Handle& h, const void* x, int datatype, bool with_w
   const size_t weight_row = with_weights ? k * sizeof(float) : 0;
   const size_t rows_back = h.send_tokens.size();
   const size_t acc_bytes = bf16 ? h.num_tokens * h.hidden * sizeof(float) : 0;
-  const size_t need = acc_bytes + rows_back * (row + weight_row);
+  // [float accumulator (BF16 only)] [rows] [weights, 8-byte aligned: BF16 rows may be odd-sized]
+  const size_t rows_bytes = align8(rows_back * row);
+  const size_t need = acc_bytes + rows_bytes + rows_back * weight_row;
   if (st.ok() && need > bytes_)
     st = invalid_argument(
         "combine brings {} rows of {} bytes back to rank {}: {} bytes of staging, more than the "
@@ -255,7 +257,7 @@ Status Buffer::combine(const Handle& h, const void* x, int datatype, bool with_w
 
   float* acc = bf16 ? reinterpret_cast<float*>(staging_.get()) : static_cast<float*>(combined_x);
   char* rows = staging_.get() + acc_bytes;
-  char* weights = rows + rows_back * row;
+  char* weights = rows + rows_bytes;
   std::vector<SendMsg> sends;
   std::vector<RecvMsg> recvs;
   for (size_t q = 0; q < n; ++q) {
