@@ -54,6 +54,7 @@ log::Subsys subsys_of(std::string_view function) {
   // The WARN line's subsystem follows what the call is about (a bad count passed to
   // ncclAllReduce is COLL, not INIT), so that NCCL_DEBUG_SUBSYS-minded readers find it.
   if (has("Overlap")) return log::kSched;  // chorusOverlapRegister registers a tensor
+  if (function.substr(0, 8) == "chorusEp") return log::kMoe;
   if (has("Register") || has("MemAlloc") || has("MemFree")) return log::kAlloc;
   if (function.substr(0, 8) == "ncclComm" || has("UniqueId") || has("GetVersion") ||
       has("chorusLaunch"))

@@ -37,7 +37,8 @@ ncclResult_t to_nccl(Code code);
 // WARN (once, here, where the API reports it) and returns its ncclResult_t.
 ncclResult_t report(const char* function, const Status& status);
 // The log subsystem of an entry point's errors: INIT (communicator life cycle), ALLOC
-// (memory and registration), SCHED (overlap scheduler) or COLL (everything else).
+// (memory and registration), SCHED (overlap scheduler), MOE (chorusEp*) or COLL (everything
+// else).
 log::Subsys subsys_of(std::string_view function);
 const char* last_error();
 

@@ -3,11 +3,13 @@
 // Failures between processes: a rank killed (SIGKILL) in the middle of AllReduce over shared
 // memory, TCP, UCX and verbs (on one host or, under tests/rdma/two_hosts.sh, two), a frozen
 // rank (SIGSTOP) until the timeout names it, ncclCommAbort from
-// another thread while a collective is blocked, shrinking to the survivors and going on, and
-// ranks that call mismatched collectives. The ranks are forked children of the test; each one
-// writes a one-line report ("key=value ...") to a pipe, which the test parses.
+// another thread while a collective is blocked, shrinking to the survivors and going on,
+// ranks that call mismatched collectives, and a rank killed during MoE dispatch/combine. The
+// ranks are forked children of the test; each one writes a one-line report ("key=value ...")
+// to a pipe, which the test parses.
 #include <catch2/catch.hpp>
 #include <chorus/chorus.h>
+#include <chorus/ep.h>
 #include <dirent.h>
 #include <fcntl.h>
 #include <fmt/format.h>
@@ -766,4 +768,69 @@ TEST_CASE("ncclCommAbort stops a non-blocking initialisation waiting for a missi
   int64_t took = mono_ms() - start;
   CHECK(took < 1000);
   fmt::print("fault: ncclCommAbort of an initialising communicator returned in {} ms\n", took);
+}
+
+// MoE dispatch and combine (include/chorus/ep.h) in a loop on 3 ranks; one is killed in the
+// middle. Whichever step the survivors are in (the count exchange, the agreement, the token
+// transfers), the call fails with ncclRemoteError, and a survivor names the dead rank's pid.
+TEST_CASE("SIGKILL during EP dispatch and combine over shared memory: survivors fail naming it",
+          "[mp][fault][shm][ep]") {
+  const int nranks = 3, victim = 1;
+  const size_t tokens = 64, hidden = 512;
+  const int topk = 2, experts = 2 * nranks;
+  Children children;
+  spawn(&children, nranks, {"CHORUS_TRANSPORT=SHM", "CHORUS_TIMEOUT_MS=60000"},
+        [&](const ChildEnv& env) -> std::string {
+          ncclComm_t comm = init(env.id, nranks, env.rank);
+          if (comm == nullptr) return "init=failed msg=" + last_error();
+          size_t bytes = 0;
+          chorusEpBuffer_t buf = nullptr;
+          if (chorusEpBufferSizeHint(nranks, tokens, hidden, topk, &bytes) != ncclSuccess ||
+              chorusEpBufferCreate(comm, bytes, &buf) != ncclSuccess)
+            return "init=failed msg=" + last_error();
+          std::vector<float> x(tokens * hidden, 0.25f), w(tokens * topk, 0.5f);
+          std::vector<int64_t> idx(tokens * topk);
+          for (size_t i = 0; i < idx.size(); ++i) idx[i] = static_cast<int64_t>((i * 7 + i / 2) % experts);
+          for (size_t t = 0; t < tokens; ++t) idx[t * 2 + 1] = (idx[t * 2] + 1) % experts;  // distinct
+          const size_t cap = tokens * nranks;
+          std::vector<float> rx(cap * hidden), rw(cap * topk), out(tokens * hidden), ow(tokens * topk);
+          std::vector<int64_t> ridx(cap * topk);
+          chorusEpDispatchArgs_t a{};
+          a.x = x.data(), a.datatype = ncclFloat32, a.numTokens = tokens, a.hidden = hidden;
+          a.topkIdx = idx.data(), a.topkWeights = w.data(), a.topk = topk, a.numExperts = experts;
+          a.expertAlignment = 1;
+          ncclResult_t r = ncclSuccess;
+          int iterations = 0;
+          for (; r == ncclSuccess && iterations < 1000000; ++iterations) {
+            if (iterations == 8) env.ready();
+            chorusEpDispatchOutput_t o{};
+            o.recvX = rx.data(), o.recvTopkIdx = ridx.data(), o.recvTopkWeights = rw.data();
+            o.recvCapacity = cap;
+            chorusEpHandle_t h = nullptr;
+            r = chorusEpDispatch(buf, &a, &o, &h);
+            if (r == ncclSuccess)
+              r = chorusEpCombine(buf, h, rx.data(), ncclFloat32, rw.data(), out.data(), ow.data());
+            if (h != nullptr) chorusEpHandleDestroy(h);
+          }
+          const std::string msg = last_error();
+          chorusEpBufferDestroy(buf);
+          ncclCommAbort(comm);
+          return fmt::format("result={} iters={} msg={}", static_cast<int>(r), iterations, msg);
+        });
+  REQUIRE(wait_ready(children[victim], 60000));
+  std::this_thread::sleep_for(std::chrono::milliseconds(30));
+  kill(children[victim].pid, SIGKILL);
+  collect(&children, 120000);
+  bool named = false;
+  for (int r = 0; r < nranks; ++r) {
+    if (r == victim) continue;
+    INFO("rank " << r << ": " << children[r].report);
+    auto kv = parse(children[r].report);
+    REQUIRE(kv.count("result"));
+    CHECK(kv["result"] == std::to_string(ncclRemoteError));
+    CHECK(kv["msg"].find("chorusEp") != std::string::npos);
+    named |= kv["msg"].find(fmt::format("pid {}", children[victim].pid)) != std::string::npos;
+    CHECK(WIFEXITED(children[r].status));
+  }
+  CHECK(named);
 }

@@ -270,6 +270,11 @@ TEST_CASE("compressed collectives over TCP with 2 ranks", "[mp][tcp][compress]")
 TEST_CASE("compressed collectives over TCP with 3 ranks", "[mp][tcp][compress]") {
   run_workers(3, "TCP", "compressed");
 }
+// MoE dispatch and combine on processes (tests/support/ep_check.h; threads: tests/ranks/ep_test.cc).
+TEST_CASE("ep dispatch and combine over shared memory with 2 ranks", "[mp][shm][ep]") { run_workers(2, "SHM", "ep"); }
+TEST_CASE("ep dispatch and combine over shared memory with 4 ranks", "[mp][shm][ep]") { run_workers(4, "SHM", "ep"); }
+TEST_CASE("ep dispatch and combine over TCP with 2 ranks", "[mp][tcp][ep]") { run_workers(2, "TCP", "ep"); }
+TEST_CASE("ep dispatch and combine over TCP with 4 ranks", "[mp][tcp][ep]") { run_workers(4, "TCP", "ep"); }
 
 // UCX: Chorus's ucx transport between every pair of processes, over UCX's tcp transport on the
 // loopback device and over UCX's choice among its shared-memory transports.

@@ -26,6 +26,9 @@
 //   chorus_mp_worker compressed           the compressed collectives (compress_check.h): error
 //                                         bound, identical results, volume, non-finite blocks,
 //                                         error feedback.
+//   chorus_mp_worker ep                   MoE dispatch and combine (ep_check.h): every routing
+//                                         and datatype checked against each rank's own
+//                                         reference; bad input refused on every rank.
 //   chorus_mp_worker topology file|measured|refused
 //                                         CHORUS_TOPO_FILE at creation: the cost model the
 //                                         file's, measured, or creation refused on every rank.
@@ -52,6 +55,7 @@
 #include "topo/cluster.h"
 #include "support/coll_check.h"
 #include "support/compress_check.h"
+#include "support/ep_check.h"
 #include "support/identical_check.h"
 #include "support/test_hosts.h"
 #if CHORUS_MP_VERBS
@@ -452,7 +456,7 @@ int main(int argc, char** argv) {
   place_on_test_host();
   if (argc < 2) {
     fmt::print(stderr,
-               "usage: {} matrix|stream-matrix [max_count] | identical [counts [algos]] | broadcast|reduce [counts [algo]] | compressed | zero-copy "
+               "usage: {} matrix|stream-matrix [max_count] | identical [counts [algos]] | broadcast|reduce [counts [algo]] | compressed | ep | zero-copy "
                "[count]\n",
                argv[0]);
     return 2;
@@ -486,6 +490,11 @@ int main(int argc, char** argv) {
     std::string f = check_compressed_matrix(comm, 77, /*large=*/nranks <= 4) +
                     check_compressed_volume(comm) + check_compressed_nonfinite(comm) +
                     check_error_feedback(comm);
+    if (!f.empty()) fmt::print(stderr, "rank {}:\n{}", rank, f);
+    rc = f.empty() ? 0 : 1;
+  }
+  if (std::strcmp(argv[1], "ep") == 0) {
+    std::string f = check_ep_matrix(comm, 4242) + check_ep_bad_input(comm);
     if (!f.empty()) fmt::print(stderr, "rank {}:\n{}", rank, f);
     rc = f.empty() ? 0 : 1;
   }

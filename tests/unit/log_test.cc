@@ -78,6 +78,8 @@ TEST_CASE("argument errors are logged under the subsystem of the call", "[unit][
   CHECK(api::subsys_of("ncclCommWindowRegister") == kAlloc);
   CHECK(api::subsys_of("chorusOverlapRegister") == kSched);
   CHECK(api::subsys_of("chorusOverlapWait") == kSched);
+  CHECK(api::subsys_of("chorusEpDispatch") == kMoe);
+  CHECK(api::subsys_of("chorusEpBufferCreate") == kMoe);
 
   // And through the API: a NULL communicator given to a collective.
   char path[] = "/tmp/chorus_log_test_XXXXXX";

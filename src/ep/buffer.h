@@ -1,0 +1,81 @@
+// SPDX-License-Identifier: Apache-2.0
+// File: src/ep/buffer.h
+// An EP buffer (include/chorus/ep.h): staging memory bound to a communicator, and the normal
+// (DeepEP "normal mode") dispatch and combine that run through it.
+//
+// Dispatch: route (routing.h) -> counts to every rank (ncclAlltoAll) -> the ranks agree on the
+// verdict (ncclAllGather: every rank's refusal and the arguments that must match) -> each token
+// packed once per destination rank into the send area, as a record [x | scales | topk index |
+// topk weight] -> exchange (transfer.h) into the receive area, contiguous per source rank ->
+// records unpacked into the caller's outputs. Combine sends each source rank's rows straight
+// from the caller's x and reduces what comes back from the staging area.
+// The staging area is reused by every call: one call at a time per buffer.
+#pragma once
+
+#include <chorus/ep.h>
+#include <nccl.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "common/status.h"
+
+namespace chorus::ep {
+
+// What combine needs of a dispatch.
+struct Handle {
+  uint64_t buffer_id = 0;
+  size_t num_tokens = 0;
+  size_t num_recv_tokens = 0;
+  size_t hidden = 0;
+  int topk = 0;
+  // Tokens sent to rank r, ascending: send_tokens[send_offset[r] .. send_offset[r + 1]).
+  std::vector<size_t> send_offset;
+  std::vector<size_t> send_tokens;
+  // Rows received from rank s: recv_offset[s] .. recv_offset[s + 1].
+  std::vector<size_t> recv_offset;
+};
+
+class Buffer {
+ public:
+  static Result<size_t> size_hint(int nranks, size_t max_tokens, size_t hidden, int topk);
+  static Result<std::unique_ptr<Buffer>> create(ncclComm_t comm, size_t bytes);
+
+  uint64_t id() const { return id_; }
+  int rank() const { return rank_; }
+  int nranks() const { return nranks_; }
+
+  // `refused`: the entry point's verdict on the arguments it checked; not OK, this rank takes
+  // part in the agreement only to refuse the call on every rank.
+  Result<std::unique_ptr<Handle>> dispatch(const chorusEpDispatchArgs_t& args, int datatype,
+                                           chorusEpDispatchOutput_t& out, Status refused);
+  // `weights`: topk weights travel too (either array may be NULL where it has no rows).
+  Status combine(const Handle& handle, const void* x, int datatype, bool weights,
+                 const float* topk_weights, void* combined_x, float* combined_weights,
+                 Status refused);
+
+ private:
+  Buffer(ncclComm_t comm, int rank, int nranks, size_t bytes);
+  // Every rank's verdict, and `facts` (values that must be equal on every rank, named by
+  // `names`; kAnyValue on a rank: no constraint there), gathered; the call's Status here.
+  static constexpr int64_t kAnyValue = INT64_MIN;
+  Status agree(const char* call, Status mine, const std::vector<int64_t>& facts,
+               const std::vector<const char*>& names);
+  Status pack_and_send(const chorusEpDispatchArgs_t& args, size_t elem, size_t record,
+                       const std::vector<size_t>& send_offset,
+                       const std::vector<size_t>& send_tokens,
+                       const std::vector<size_t>& recv_offset);
+  void unpack(const chorusEpDispatchArgs_t& args, size_t elem, size_t record, size_t send_records,
+              size_t num_recv, chorusEpDispatchOutput_t& out) const;
+
+  ncclComm_t comm_;
+  int rank_;
+  int nranks_;
+  uint64_t id_;
+  size_t bytes_;
+  std::unique_ptr<char[]> staging_;
+};
+
+}  // namespace chorus::ep
