@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 # CHORUS_SANITIZE="address;undefined" or "thread": instruments everything built here.
-# CHORUS_BUILD_FUZZERS (clang): also coverage instrumentation for libFuzzer everywhere, and
-# address;undefined unless CHORUS_SANITIZE names other sanitizers.
+# CHORUS_BUILD_FUZZERS (clang): also coverage instrumentation for libFuzzer (the library but its
+# kernels, and the fuzz targets), and address;undefined unless CHORUS_SANITIZE names others.
 # scripts/sanitizers.sh builds and runs these configurations; tests/sanitizers/ holds the
 # suppression files, each entry explained.
 if(CHORUS_BUILD_FUZZERS AND NOT CHORUS_SANITIZE)
@@ -20,7 +20,11 @@ if(CHORUS_SANITIZE)
   endif()
 endif()
 if(CHORUS_BUILD_FUZZERS)
-  add_compile_options(-fsanitize=fuzzer-no-link)
+  # Coverage for libFuzzer where inputs are parsed: every layer of the library but the kernels
+  # (chorus_layer adds it), and the fuzz targets. Not the kernels' loops, nor the tests: the
+  # ASan stage runs the test suite in this same build, and counters and comparison hooks in
+  # every reduction loop and every reference check only slow it down.
+  set(CHORUS_FUZZ_COVERAGE -fsanitize=fuzzer-no-link)
   # clang 14: coverage plus UBSan's "function" check on coroutines fails to assemble ("Cannot
   # represent a difference across sections"). That check (calls through a function pointer of
   # the wrong type) is the one left out; it must follow -fsanitize=undefined.

@@ -4,10 +4,17 @@
 #
 #   scripts/sanitizers.sh [asan] [tsan] [fuzz]      no argument: all three, in that order
 #
-#   asan  gcc -fsanitize=address,undefined (LeakSanitizer on), build-asan: the core suite
+#   asan  clang -fsanitize=address,undefined (LeakSanitizer on), build-asan: the core suite
 #   tsan  gcc -fsanitize=thread, build-tsan: a smaller core suite (TSan is 5-15x slower)
-#   fuzz  clang libFuzzer + ASan/UBSan, build-fuzz: every committed corpus input once, then each
-#         target for CHORUS_FUZZ_SECONDS seconds (default 12); tests/fuzz/README.md
+#   fuzz  clang libFuzzer + ASan/UBSan, the same build-asan (its objects carry the fuzzers'
+#         coverage instrumentation too): every committed corpus input once, then each target
+#         for CHORUS_FUZZ_SECONDS seconds (default 12); tests/fuzz/README.md
+#
+# One instrumented build serves ASan and the fuzzers: the fuzz stage only compiles and links
+# the fuzz targets (a separate fuzz build of the whole library took 5-6 minutes of CI's 60).
+# The fuzzers' coverage instrumentation (-fsanitize=fuzzer-no-link) is in the library's layers
+# but not its kernels, and not in the tests (cmake/ChorusSanitizers.cmake): it changes no
+# behaviour, and kept out of the reduction loops it costs the test suite little time.
 #
 # Environment: CHORUS_FUZZ_SECONDS; CHORUS_SAN_JOBS (build and ctest parallelism, default
 # nproc). Benchmarks and examples are not built. Any sanitizer report fails the test that
@@ -113,9 +120,10 @@ tsan_datatypes=float
 
 # -g1: line tables only (what the sanitizers' stack traces use), not full debug info: the
 # instrumented builds compile and link markedly faster. ASan and the fuzzers build at -O1, as
-# the sanitizer documentation and OSS-Fuzz do (GCC compiles the ASan build's heaviest files
-# 20-30 % faster than at -O2); TSan at -O2, since its tests, 5-15x slower than plain ones, take
-# longer than its build.
+# the sanitizer documentation and OSS-Fuzz do, with clang (libFuzzer needs it; it also compiles
+# the ASan build about 20 % faster than GCC: 35.6 against 45.8 CPU seconds for six of the
+# heaviest files, 2026-12-05); TSan with GCC at -O2, since its tests, 5-15x slower than plain
+# ones, take longer than its build.
 configure_build() {  # dir, optimisation (-O1, -O2), extra cmake arguments...
   local dir=$1 opt=$2
   shift 2
@@ -142,9 +150,17 @@ run_ctest() {  # dir, exclude, datatypes, [wrapper...]
     --no-tests=error -L "$core_labels" -E "$exclude"
 }
 
-stage_asan() {
-  configure_build build-asan -O1 -DCHORUS_WERROR=ON -DCHORUS_BUILD_TESTS=ON \
+configure_asan() {  # build-asan: clang, ASan+UBSan, the tests and the fuzz targets
+  local cache=build-asan/CMakeCache.txt
+  [ -f $cache ] && grep -q '^CHORUS_BUILD_FUZZERS:BOOL=ON' $cache && return 0
+  rm -rf build-asan  # an older GCC build-asan: CMake cannot change the compiler in place
+  configure_build build-asan -O1 -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ \
+    -DCHORUS_WERROR=ON -DCHORUS_BUILD_TESTS=ON -DCHORUS_BUILD_FUZZERS=ON \
     "-DCHORUS_SANITIZE=address;undefined"
+}
+
+stage_asan() {
+  configure_asan
   cmake --build build-asan -j"$jobs" --target "${core_tests[@]}"
   local asan=detect_leaks=1:check_initialization_order=1:strict_init_order=1
   export ASAN_OPTIONS=$asan:detect_stack_use_after_return=1
@@ -174,37 +190,37 @@ stage_tsan() {
 }
 
 stage_fuzz() {
-  configure_build build-fuzz -O1 -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ \
-    -DCHORUS_BUILD_TESTS=OFF -DCHORUS_BUILD_FUZZERS=ON
-  cmake --build build-fuzz -j"$jobs" --target chorus_fuzzers
+  configure_asan
+  cmake --build build-asan -j"$jobs" --target chorus_fuzzers
   export ASAN_OPTIONS="detect_leaks=1"
   export LSAN_OPTIONS="suppressions=$supp/lsan.supp:print_suppressions=0"
   export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
   # Every committed input (seeds and reproducers of fixed crashes) must pass.
-  ctest --test-dir build-fuzz -j"$jobs" --output-on-failure --no-tests=error -L fuzz
+  ctest --test-dir build-asan -j"$jobs" --output-on-failure --no-tests=error -L fuzz
   # The targets run side by side, `jobs` at a time (libFuzzer uses one core each).
+  local run=build-asan/fuzz-run  # logs, new inputs, crash artifacts
   local targets=() pids=() failed=()
-  for bin in build-fuzz/tests/fuzz/fuzz_*; do
+  for bin in build-asan/tests/fuzz/fuzz_*; do
     local t=${bin##*/fuzz_}
     [ "$t" != seeds ] || continue
     targets+=("$t")
   done
-  mkdir -p build-fuzz/artifacts
+  mkdir -p "$run/artifacts"
   for t in "${targets[@]}"; do
     while [ "$(jobs -rp | wc -l)" -ge "$jobs" ]; do sleep 0.5; done  # exits are reaped below
-    # New inputs go to build-fuzz/corpus/<target>; the committed corpus is only read.
-    mkdir -p "build-fuzz/corpus/$t"
-    "build-fuzz/tests/fuzz/fuzz_$t" -max_total_time="$fuzz_seconds" -timeout=10 \
-      -print_final_stats=1 -artifact_prefix="build-fuzz/artifacts/$t-" "build-fuzz/corpus/$t" \
-      "tests/fuzz/corpus/$t" > "build-fuzz/fuzz_$t.log" 2>&1 &
+    # New inputs go to $run/corpus/<target>; the committed corpus is only read.
+    mkdir -p "$run/corpus/$t"
+    "build-asan/tests/fuzz/fuzz_$t" -max_total_time="$fuzz_seconds" -timeout=10 \
+      -print_final_stats=1 -artifact_prefix="$run/artifacts/$t-" "$run/corpus/$t" \
+      "tests/fuzz/corpus/$t" > "$run/fuzz_$t.log" 2>&1 &
     pids+=($!)
   done
   local summary="" i
   for i in "${!targets[@]}"; do
-    local t=${targets[$i]} log=build-fuzz/fuzz_${targets[$i]}.log
+    local t=${targets[$i]} log=$run/fuzz_${targets[$i]}.log
     if ! wait "${pids[$i]}"; then
       tail -n 60 "$log"
-      echo "sanitizers.sh: fuzz_$t failed; its input is in build-fuzz/artifacts/" \
+      echo "sanitizers.sh: fuzz_$t failed; its input is in $run/artifacts/" \
         "(tests/fuzz/README.md: when it finds something)" >&2
       failed+=("$t")
       continue
