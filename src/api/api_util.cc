@@ -57,7 +57,7 @@ log::Subsys subsys_of(std::string_view function) {
   if (function.substr(0, 8) == "chorusEp") return log::kMoe;
   if (has("Register") || has("MemAlloc") || has("MemFree")) return log::kAlloc;
   if (function.substr(0, 8) == "ncclComm" || has("UniqueId") || has("GetVersion") ||
-      has("chorusLaunch"))
+      has("chorusLaunch") || has("Timeout"))
     return log::kInit;
   return log::kColl;  // collectives, send/receive, groups, reduction ops, streams, compressors
 }
