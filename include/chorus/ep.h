@@ -57,7 +57,8 @@
  * allows (naming the size hint needed), outputs too small for what arrives (naming the count
  * needed), a handle of another buffer or a destroyed one. A dead peer fails the call with
  * ncclRemoteError/ncclSystemError naming it (the communicator is then broken, as for any
- * collective). Waits are bounded by CHORUS_TIMEOUT_MS.
+ * collective). Waits are bounded by the communicator's timeout (CHORUS_TIMEOUT_MS, or
+ * chorusCommSetTimeout).
  */
 #ifndef CHORUS_EP_H_
 #define CHORUS_EP_H_

@@ -13,7 +13,7 @@
 
 #include "ep/routing.h"
 #include "ep/transfer.h"
-#include "kernels/fp8/convert.h"
+#include "kernels/reduce/reduce.h"
 
 namespace chorus::ep {
 
@@ -272,27 +272,28 @@ Status Buffer::combine(const Handle& h, const void* x, int datatype, bool with_w
   }
   CHORUS_RETURN_IF_ERROR(exchange(comm_, rank_, sends, recvs));
 
-  // Ascending rank order per token: rows come back grouped by the rank they went to.
+  // Ascending rank order per token: rows come back grouped by the rank they went to. The
+  // library's kernels add (fp32 sums, bit for bit the scalar a + b) and convert BF16 rows.
+  const kernels::ReduceFn add = kernels::reduce_fn(DataType::kFloat32, kernels::ReduceOp::kSum);
+  const int kBf16 = static_cast<int>(DataType::kBfloat16);
+  const kernels::ConvertFn widen = kernels::kernels().to_float[kBf16];
+  const kernels::ConvertFn narrow = kernels::kernels().from_float[kBf16];
+  std::vector<float> widened(bf16 ? h.hidden : 0);  // one BF16 row as floats
   std::fill(acc, acc + h.num_tokens * h.hidden, 0.0f);
   if (with_weights) std::fill(combined_weights, combined_weights + h.num_tokens * k, 0.0f);
   for (size_t i = 0; i < rows_back; ++i) {
     float* dst = acc + h.send_tokens[i] * h.hidden;
+    const void* src = rows + i * row;
     if (bf16) {
-      const auto* src = reinterpret_cast<const uint16_t*>(rows + i * row);
-      for (size_t c = 0; c < h.hidden; ++c) dst[c] += kernels::bf16_to_float(src[c]);
-    } else {
-      const auto* src = reinterpret_cast<const float*>(rows + i * row);
-      for (size_t c = 0; c < h.hidden; ++c) dst[c] += src[c];
+      widen(widened.data(), src, h.hidden);
+      src = widened.data();
     }
+    add(dst, dst, src, h.hidden);
     if (!with_weights) continue;
-    const auto* w = reinterpret_cast<const float*>(weights + i * weight_row);
     float* wdst = combined_weights + h.send_tokens[i] * k;
-    for (size_t s = 0; s < k; ++s) wdst[s] += w[s];
+    add(wdst, wdst, weights + i * weight_row, k);
   }
-  if (bf16) {
-    auto* dst = static_cast<uint16_t*>(combined_x);
-    for (size_t i = 0; i < h.num_tokens * h.hidden; ++i) dst[i] = kernels::float_to_bf16(acc[i]);
-  }
+  if (bf16) narrow(combined_x, acc, h.num_tokens * h.hidden);
   return Status();
 }
 
