@@ -42,6 +42,13 @@
  * rank order, and the sum is rounded once to the datatype. So results are deterministic and
  * identical for identical inputs.
  *
+ * Data path. The buffer's staging memory is shared with the buffer's peers on the same host:
+ * a sender writes each token straight from x into the receiving rank's buffer (and combine each
+ * result row straight from its x into the source rank's buffer), one copy, no pack / AlltoAll /
+ * unpack; the receiver copies from there into its outputs. Tokens for other hosts go through
+ * the communicator's transports (TCP, UCX, verbs). CHORUS_EP_MAP=0, or a CHORUS_TRANSPORT that
+ * forces a transport without shared memory, sends every token through the communicator.
+ *
  * Calls are blocking and collective: every rank of the communicator calls chorusEpDispatch (and
  * chorusEpCombine) the same number of times in the same order, each with its own tokens (0 is
  * allowed). A buffer and its handles are used by one thread at a time, and the communicator

@@ -109,6 +109,10 @@ IntParam kIbRdvBytes("IB_RDV_BYTES", nullptr, 64 << 10, 0, INT64_MAX,
                      "rendezvous: written straight into the receiver's buffer when it is "
                      "registered too (zero copy), else through its ring; 0 = never");
 
+IntParam kEpMap("EP_MAP", nullptr, 1, 0, 1,
+                "MoE dispatch and combine (chorus/ep.h): 1 = a sender writes its tokens straight "
+                "into the EP buffers of same-host receivers (one copy; unless CHORUS_TRANSPORT "
+                "forces a transport without shared memory); 0 = through the communicator");
 IntParam kTimeoutMs("TIMEOUT_MS", nullptr, 300000, 1, INT64_MAX,
                     "a collective that makes no progress for this long fails naming the peer");
 IntParam kSpinUs("SPIN_US", nullptr, 50, 0, 1000000,
@@ -185,7 +189,7 @@ const std::vector<Param*>& all() {
       &kFlightRecorderOps, &kCommBlocking,
       &kAlgo,         &kChunkBytes,    &kBoxBytes,    &kExpress,     &kTuner,        &kTunerFile,   &kTopoFile,    &kKernels,
       &kRegCacheBytes, &kRing, &kRoute, &kCompress, &kCompressPolicy, &kCompressMinBytes, &kCompressBlock,
-      &kCompressScale,
+      &kCompressScale, &kEpMap,
   };
   return list;
 }

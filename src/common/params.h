@@ -139,6 +139,7 @@ extern IntParam kIbSlotBytes;
 extern IntParam kIbRdvBytes;
 extern IntParam kIbQpsPerConnection;
 // Progress and waiting.
+extern IntParam kEpMap;
 extern IntParam kTimeoutMs;
 extern IntParam kSpinUs;
 extern IntParam kLivenessMs;

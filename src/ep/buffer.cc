@@ -49,13 +49,14 @@ Result<size_t> Buffer::size_hint(int nranks, size_t max_tokens, size_t hidden, i
   return static_cast<size_t>(bytes);
 }
 
-Buffer::Buffer(ncclComm_t comm, int rank, int nranks, size_t bytes)
+Buffer::Buffer(ncclComm_t comm, int rank, int nranks, size_t bytes,
+               std::unique_ptr<PeerAreas> areas)
     : comm_(comm),
       rank_(rank),
       nranks_(nranks),
       id_(g_next_id.fetch_add(1)),
       bytes_(bytes),
-      staging_(new char[std::max<size_t>(bytes, 1)]) {}
+      areas_(std::move(areas)) {}
 
 Result<std::unique_ptr<Buffer>> Buffer::create(ncclComm_t comm, size_t bytes) {
   int rank = 0, nranks = 0;
@@ -63,7 +64,9 @@ Result<std::unique_ptr<Buffer>> Buffer::create(ncclComm_t comm, size_t bytes) {
   if (r != ncclSuccess) return from_nccl(r, "ncclCommUserRank");
   r = ncclCommCount(comm, &nranks);
   if (r != ncclSuccess) return from_nccl(r, "ncclCommCount");
-  return std::unique_ptr<Buffer>(new Buffer(comm, rank, nranks, bytes));
+  CHORUS_ASSIGN_OR_RETURN(std::unique_ptr<PeerAreas> areas,
+                          PeerAreas::create(comm, rank, nranks, bytes));
+  return std::unique_ptr<Buffer>(new Buffer(comm, rank, nranks, bytes, std::move(areas)));
 }
 
 Status Buffer::agree(const char* call, Status mine, const std::vector<int64_t>& facts,
@@ -112,11 +115,17 @@ Result<std::unique_ptr<Handle>> Buffer::dispatch(const chorusEpDispatchArgs_t& a
   if (st.ok())
     st = check_layout(routing, args.numTokensPerRank, args.numTokensPerExpert, args.isTokenInRank);
 
-  // Counts: how many tokens each rank sends to each (a refusing rank announces none).
-  std::vector<int64_t> send_count(n, 0), recv_count(n, 0);
+  // Every rank's first call maps the staging areas of its same-host peers (collective).
+  if (!areas_->connected()) CHORUS_RETURN_IF_ERROR(areas_->connect());
+
+  // Counts: how many tokens each rank sends to each (a refusing rank announces none), known to
+  // every rank: counts[s * n + r] from rank s to rank r.
+  std::vector<int64_t> send_count(n, 0), counts(n * n, 0), recv_count(n, 0);
   for (size_t q = 0; st.ok() && q < n; ++q) send_count[q] = routing.per_rank[q];
-  ncclResult_t r = ncclAlltoAll(send_count.data(), recv_count.data(), 1, ncclInt64, comm_, nullptr);
-  if (r != ncclSuccess) return from_nccl(r, "ncclAlltoAll of the EP token counts");
+  ncclResult_t r = ncclAllGather(send_count.data(), counts.data(), n, ncclInt64, comm_, nullptr);
+  if (r != ncclSuccess) return from_nccl(r, "ncclAllGather of the EP token counts");
+  const auto me = static_cast<size_t>(rank_);
+  for (size_t q = 0; q < n; ++q) recv_count[q] = counts[q * n + me];
 
   const size_t elem = st.ok() ? elem_size(datatype) : 1;
   const size_t record = st.ok() ? record_bytes(args.hidden, elem, args.topk) : 0;
@@ -144,8 +153,8 @@ Result<std::unique_ptr<Handle>> Buffer::dispatch(const chorusEpDispatchArgs_t& a
             {"hidden", "topk", "numExperts", "datatype"}));
 
   CHORUS_RETURN_IF_ERROR(
-      pack_and_send(args, elem, record, routing.send_offset, routing.send_tokens, recv_offset));
-  unpack(args, elem, record, num_sent, num_recv, out);
+      send_tokens(args, elem, record, routing.send_offset, routing.send_tokens, counts));
+  unpack(args, elem, record, num_recv, out);
 
   auto h = std::make_unique<Handle>();
   h->buffer_id = id_;
@@ -156,54 +165,88 @@ Result<std::unique_ptr<Handle>> Buffer::dispatch(const chorusEpDispatchArgs_t& a
   h->send_offset = std::move(routing.send_offset);
   h->send_tokens = std::move(routing.send_tokens);
   h->recv_offset = std::move(recv_offset);
+  h->peer_rows_before.assign(n, 0);
+  h->peer_rows_total.assign(n, 0);
+  for (size_t q = 0; q < n; ++q)
+    for (size_t j = 0; j < n; ++j) {
+      const auto c = static_cast<size_t>(counts[q * n + j]);
+      h->peer_rows_total[q] += c;
+      if (j < me) h->peer_rows_before[q] += c;
+    }
   return h;
 }
 
-Status Buffer::pack_and_send(const chorusEpDispatchArgs_t& args, size_t elem, size_t record,
-                             const std::vector<size_t>& send_offset,
-                             const std::vector<size_t>& send_tokens,
-                             const std::vector<size_t>& recv_offset) {
+Status Buffer::send_tokens(const chorusEpDispatchArgs_t& args, size_t elem, size_t record,
+                           const std::vector<size_t>& send_offset,
+                           const std::vector<size_t>& send_tokens,
+                           const std::vector<int64_t>& counts) {
+  const auto n = static_cast<size_t>(nranks_);
+  const auto me = static_cast<size_t>(rank_);
   const size_t x_bytes = args.hidden * elem;
   const size_t scale_bytes = elem == 1 ? args.hidden / CHORUS_EP_FP8_BLOCK * sizeof(float) : 0;
   const auto k = static_cast<size_t>(args.topk);
-  char* send_area = staging_.get();
-  char* recv_area = send_area + send_tokens.size() * record;
-  for (size_t i = 0; i < send_tokens.size(); ++i) {
-    const size_t t = send_tokens[i];
-    char* rec = send_area + i * record;
-    std::memcpy(rec, static_cast<const char*>(args.x) + t * x_bytes, x_bytes);
-    rec += x_bytes;
-    if (scale_bytes > 0)
-      std::memcpy(rec, args.xScales + t * (scale_bytes / sizeof(float)), scale_bytes);
-    rec += scale_bytes;
-    std::memcpy(rec, args.topkIdx + t * k, k * sizeof(int64_t));
-    rec += k * sizeof(int64_t);
-    if (args.topkWeights != nullptr)
-      std::memcpy(rec, args.topkWeights + t * k, k * sizeof(float));
-    else
-      std::memset(rec, 0, k * sizeof(float));
-  }
+  // Records [first, last) of send_tokens, one after the other from `dst`.
+  const auto write_records = [&](size_t first, size_t last, char* dst) {
+    for (size_t i = first; i < last; ++i) {
+      const size_t t = send_tokens[i];
+      char* rec = dst + (i - first) * record;
+      std::memcpy(rec, static_cast<const char*>(args.x) + t * x_bytes, x_bytes);
+      rec += x_bytes;
+      if (scale_bytes > 0)
+        std::memcpy(rec, args.xScales + t * (scale_bytes / sizeof(float)), scale_bytes);
+      rec += scale_bytes;
+      std::memcpy(rec, args.topkIdx + t * k, k * sizeof(int64_t));
+      rec += k * sizeof(int64_t);
+      if (args.topkWeights != nullptr)
+        std::memcpy(rec, args.topkWeights + t * k, k * sizeof(float));
+      else
+        std::memset(rec, 0, k * sizeof(float));
+    }
+  };
+  // This rank's staging: [receive area: records from every rank, by source rank][send area:
+  // records for the ranks it does not write into].
+  size_t num_recv = 0;
+  for (size_t q = 0; q < n; ++q) num_recv += static_cast<size_t>(counts[q * n + me]);
+  char* recv_area = areas_->local();
+  char* send_area = recv_area + num_recv * record;
+  const uint64_t step = areas_->begin_step();
   std::vector<SendMsg> sends;
   std::vector<RecvMsg> recvs;
-  for (int q = 0; q < nranks_; ++q) {
-    const auto u = static_cast<size_t>(q);
-    sends.push_back(
-        {q, send_area + send_offset[u] * record, (send_offset[u + 1] - send_offset[u]) * record});
-    recvs.push_back(
-        {q, recv_area + recv_offset[u] * record, (recv_offset[u + 1] - recv_offset[u]) * record});
+  size_t recv_at = 0;
+  for (size_t q = 0; q < n; ++q) {
+    const int peer = static_cast<int>(q);
+    const size_t first = send_offset[q], last = send_offset[q + 1];
+    if (areas_->writes_into(peer)) {
+      // Where rank q reads the records of this rank: after those of the ranks below it.
+      size_t at = 0;
+      for (size_t s = 0; s < me; ++s) at += static_cast<size_t>(counts[s * n + q]);
+      if ((at + last - first) * record > areas_->area_bytes(peer))
+        return internal_error("EP records [{}, {}) for rank {} overrun its buffer of {} bytes", at,
+                              at + last - first, peer, areas_->area_bytes(peer));
+      write_records(first, last, areas_->area(peer) + at * record);
+    } else {
+      write_records(first, last, send_area + first * record);
+      sends.push_back({peer, send_area + first * record, (last - first) * record});
+    }
+    const auto from_q = static_cast<size_t>(counts[q * n + me]);
+    if (!areas_->written_by(peer)) recvs.push_back({peer, recv_area + recv_at * record, from_q * record});
+    recv_at += from_q;
   }
-  return exchange(comm_, rank_, sends, recvs);
+  for (int q = 0; q < nranks_; ++q)
+    if (q != rank_ && areas_->writes_into(q)) areas_->mark_written(q, step);
+  CHORUS_RETURN_IF_ERROR(exchange(comm_, rank_, sends, recvs));
+  return areas_->wait_written(step, "chorusEpDispatch");
 }
 
 void Buffer::unpack(const chorusEpDispatchArgs_t& args, size_t elem, size_t record,
-                    size_t send_records, size_t num_recv, chorusEpDispatchOutput_t& out) const {
+                    size_t num_recv, chorusEpDispatchOutput_t& out) const {
   const size_t x_bytes = args.hidden * elem;
   const size_t scales = elem == 1 ? args.hidden / CHORUS_EP_FP8_BLOCK : 0;
   const auto k = static_cast<size_t>(args.topk);
   const int64_t local = args.numExperts / nranks_;
   const int64_t first = local * rank_;
   std::vector<size_t> per_expert(static_cast<size_t>(local), 0);
-  const char* recv_area = staging_.get() + send_records * record;
+  const char* recv_area = areas_->local();
   std::vector<int64_t> idx(k);
   std::vector<float> w(k);
   for (size_t i = 0; i < num_recv; ++i) {
@@ -241,9 +284,12 @@ Status Buffer::combine(const Handle& h, const void* x, int datatype, bool with_w
   const size_t weight_row = with_weights ? k * sizeof(float) : 0;
   const size_t rows_back = h.send_tokens.size();
   const size_t acc_bytes = bf16 ? h.num_tokens * h.hidden * sizeof(float) : 0;
-  // [float accumulator (BF16 only)] [rows] [weights, 8-byte aligned: BF16 rows may be odd-sized]
-  const size_t rows_bytes = align8(rows_back * row);
-  const size_t need = acc_bytes + rows_bytes + rows_back * weight_row;
+  // [rows, grouped by the rank they come from] [weights] [float accumulator (BF16 only)], each
+  // part 8-byte aligned (BF16 rows may be odd-sized). A writing peer finds the first two parts
+  // from the counts alone.
+  const auto weights_at = [&](size_t rows) { return align8(rows * row); };
+  const size_t acc_at = align8(weights_at(rows_back) + rows_back * weight_row);
+  const size_t need = acc_at + acc_bytes;
   if (st.ok() && need > bytes_)
     st = invalid_argument(
         "combine brings {} rows of {} bytes back to rank {}: {} bytes of staging, more than the "
@@ -255,22 +301,40 @@ Status Buffer::combine(const Handle& h, const void* x, int datatype, bool with_w
                                {datatype, idle ? kAnyValue : int64_t{with_weights}},
                                {"datatype", "topk weights (given or not)"}));
 
-  float* acc = bf16 ? reinterpret_cast<float*>(staging_.get()) : static_cast<float*>(combined_x);
-  char* rows = staging_.get() + acc_bytes;
-  char* weights = rows + rows_bytes;
+  char* rows = areas_->local();
+  char* weights = rows + weights_at(rows_back);
+  float* acc = bf16 ? reinterpret_cast<float*>(rows + acc_at) : static_cast<float*>(combined_x);
+  const uint64_t step = areas_->begin_step();
   std::vector<SendMsg> sends;
   std::vector<RecvMsg> recvs;
   for (size_t q = 0; q < n; ++q) {
     const int peer = static_cast<int>(q);
     const size_t r0 = h.recv_offset[q], rn = h.recv_offset[q + 1] - r0;
     const size_t s0 = h.send_offset[q], sn = h.send_offset[q + 1] - s0;
-    sends.push_back({peer, static_cast<const char*>(x) + r0 * row, rn * row});
+    const char* my_rows = static_cast<const char*>(x) + r0 * row;
+    const float* my_weights = with_weights ? topk_weights + r0 * k : nullptr;
+    if (areas_->writes_into(peer)) {
+      // Into rank q's area, after the rows of the ranks below this one.
+      const size_t at = h.peer_rows_before[q], total = h.peer_rows_total[q];
+      if (weights_at(total) + total * weight_row > areas_->area_bytes(peer))
+        return internal_error("EP combine rows for rank {} overrun its buffer of {} bytes", peer,
+                              areas_->area_bytes(peer));
+      if (rn > 0) std::memcpy(areas_->area(peer) + at * row, my_rows, rn * row);
+      if (rn > 0 && with_weights)
+        std::memcpy(areas_->area(peer) + weights_at(total) + at * weight_row, my_weights,
+                    rn * weight_row);
+    } else {
+      sends.push_back({peer, my_rows, rn * row});
+      if (with_weights) sends.push_back({peer, my_weights, rn * weight_row});
+    }
+    if (areas_->written_by(peer)) continue;
     recvs.push_back({peer, rows + s0 * row, sn * row});
-    if (!with_weights) continue;
-    sends.push_back({peer, topk_weights + r0 * k, rn * weight_row});
-    recvs.push_back({peer, weights + s0 * weight_row, sn * weight_row});
+    if (with_weights) recvs.push_back({peer, weights + s0 * weight_row, sn * weight_row});
   }
+  for (int q = 0; q < nranks_; ++q)
+    if (q != rank_ && areas_->writes_into(q)) areas_->mark_written(q, step);
   CHORUS_RETURN_IF_ERROR(exchange(comm_, rank_, sends, recvs));
+  CHORUS_RETURN_IF_ERROR(areas_->wait_written(step, "chorusEpCombine"));
 
   // Ascending rank order per token: rows come back grouped by the rank they went to. The
   // library's kernels add (fp32 sums, bit for bit the scalar a + b) and convert BF16 rows.

@@ -3,12 +3,14 @@
 // An EP buffer (include/chorus/ep.h): staging memory bound to a communicator, and the normal
 // (DeepEP "normal mode") dispatch and combine that run through it.
 //
-// Dispatch: route (routing.h) -> counts to every rank (ncclAlltoAll) -> the ranks agree on the
-// verdict (ncclAllGather: every rank's refusal and the arguments that must match) -> each token
-// packed once per destination rank into the send area, as a record [x | scales | topk index |
-// topk weight] -> exchange (transfer.h) into the receive area, contiguous per source rank ->
-// records unpacked into the caller's outputs. Combine sends each source rank's rows straight
-// from the caller's x and reduces what comes back from the staging area.
+// Dispatch: route (routing.h) -> every rank's counts to every rank (ncclAllGather: each rank
+// knows where its tokens go in each receiver's staging area) -> the ranks agree on the verdict
+// (ncclAllGather: every rank's refusal and the arguments that must match) -> each token written
+// once per destination rank as a record [x | scales | topk index | topk weight] straight into
+// the receive area of a same-host receiver, or into the send area and sent (transfer.h) -> the
+// receive area, contiguous per source rank, unpacked into the caller's outputs. Combine writes
+// each source rank's rows from the caller's x into that rank's staging area (or sends them) and
+// reduces what arrived there.
 // The staging area is reused by every call: one call at a time per buffer.
 #pragma once
 
@@ -21,6 +23,7 @@
 #include <vector>
 
 #include "common/status.h"
+#include "ep/transfer.h"
 
 namespace chorus::ep {
 
@@ -36,6 +39,10 @@ struct Handle {
   std::vector<size_t> send_tokens;
   // Rows received from rank s: recv_offset[s] .. recv_offset[s + 1].
   std::vector<size_t> recv_offset;
+  // Of the tokens rank s sent: how many went to ranks below this one (where this rank's rows
+  // start in s's combine area), and how many in all.
+  std::vector<size_t> peer_rows_before;
+  std::vector<size_t> peer_rows_total;
 };
 
 class Buffer {
@@ -57,25 +64,25 @@ class Buffer {
                  Status refused);
 
  private:
-  Buffer(ncclComm_t comm, int rank, int nranks, size_t bytes);
+  Buffer(ncclComm_t comm, int rank, int nranks, size_t bytes, std::unique_ptr<PeerAreas> areas);
   // Every rank's verdict, and `facts` (values that must be equal on every rank, named by
   // `names`; kAnyValue on a rank: no constraint there), gathered; the call's Status here.
   static constexpr int64_t kAnyValue = INT64_MIN;
   Status agree(const char* call, Status mine, const std::vector<int64_t>& facts,
                const std::vector<const char*>& names);
-  Status pack_and_send(const chorusEpDispatchArgs_t& args, size_t elem, size_t record,
-                       const std::vector<size_t>& send_offset,
-                       const std::vector<size_t>& send_tokens,
-                       const std::vector<size_t>& recv_offset);
-  void unpack(const chorusEpDispatchArgs_t& args, size_t elem, size_t record, size_t send_records,
-              size_t num_recv, chorusEpDispatchOutput_t& out) const;
+  // Moves every token to its ranks: counts[s * nranks + r] tokens go from rank s to rank r.
+  Status send_tokens(const chorusEpDispatchArgs_t& args, size_t elem, size_t record,
+                     const std::vector<size_t>& send_offset,
+                     const std::vector<size_t>& send_tokens, const std::vector<int64_t>& counts);
+  void unpack(const chorusEpDispatchArgs_t& args, size_t elem, size_t record, size_t num_recv,
+              chorusEpDispatchOutput_t& out) const;
 
   ncclComm_t comm_;
   int rank_;
   int nranks_;
   uint64_t id_;
   size_t bytes_;
-  std::unique_ptr<char[]> staging_;
+  std::unique_ptr<PeerAreas> areas_;  // the staging area, shared with same-host peers
 };
 
 }  // namespace chorus::ep

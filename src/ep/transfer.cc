@@ -1,13 +1,54 @@
 // SPDX-License-Identifier: Apache-2.0
 // File: src/ep/transfer.cc
-// Grouped point-to-point transfers of the EP layer (transfer.h).
+// The two ways EP tokens move (transfer.h): writes into mapped same-host staging areas, and
+// grouped point-to-point messages on the communicator.
 #include "ep/transfer.h"
 
+#include <fcntl.h>
 #include <fmt/format.h>
+#include <linux/memfd.h>
+#include <sched.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <chorus/chorus.h>
 #include <cstring>
+#include <thread>
+
+#include "common/clock.h"
+#include "common/log.h"
+#include "common/params.h"
+#include "common/process.h"
 
 namespace chorus::ep {
+
+namespace {
+
+constexpr size_t kWordStride = 64;  // one arrival word per cache line
+constexpr size_t kPage = 4096;
+constexpr int64_t kLivenessNs = 10'000'000;
+
+std::atomic<uint64_t>* arrival_word(void* map, int writer) {
+  return reinterpret_cast<std::atomic<uint64_t>*>(static_cast<char*>(map) +
+                                                  static_cast<size_t>(writer) * kWordStride);
+}
+
+// Same-host peers are mapped unless the user turned it off or forced a transport that does not
+// use shared memory (then that transport is to carry everything, EP tokens included).
+bool mapping_allowed() {
+  if (params::kEpMap.get() == 0) return false;
+  std::string forced = params::kTransport.get();
+  std::transform(forced.begin(), forced.end(), forced.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  return forced == "auto" || forced == "shm" || forced == "direct";
+}
+
+}  // namespace
 
 Status from_nccl(ncclResult_t r, const char* what) {
   return Status(static_cast<Code>(r), fmt::format("{}: {}", what, ncclGetLastError(nullptr)))
@@ -32,18 +73,22 @@ Status exchange(ncclComm_t comm, int rank, const std::vector<SendMsg>& sends,
                             self_sends[i]->bytes, self_recvs[i]->bytes);
     std::memcpy(self_recvs[i]->data, self_sends[i]->data, self_sends[i]->bytes);
   }
+  const auto remote = [&](int peer, size_t bytes) { return peer != rank && bytes > 0; };
+  if (std::none_of(sends.begin(), sends.end(), [&](const SendMsg& s) { return remote(s.peer, s.bytes); }) &&
+      std::none_of(recvs.begin(), recvs.end(), [&](const RecvMsg& m) { return remote(m.peer, m.bytes); }))
+    return Status();
 
   ncclResult_t r = ncclGroupStart();
   if (r != ncclSuccess) return from_nccl(r, "ncclGroupStart");
   ncclResult_t posted = ncclSuccess;
   for (const auto& s : sends) {
-    if (s.peer == rank || s.bytes == 0) continue;
+    if (!remote(s.peer, s.bytes)) continue;
     posted = ncclSend(s.data, s.bytes, ncclUint8, s.peer, comm, nullptr);
     if (posted != ncclSuccess) break;
   }
   for (const auto& m : recvs) {
     if (posted != ncclSuccess) break;
-    if (m.peer == rank || m.bytes == 0) continue;
+    if (!remote(m.peer, m.bytes)) continue;
     posted = ncclRecv(m.data, m.bytes, ncclUint8, m.peer, comm, nullptr);
   }
   // The group is closed whatever happened, so the communicator leaves group mode.
@@ -51,6 +96,137 @@ Status exchange(ncclComm_t comm, int rank, const std::vector<SendMsg>& sends,
   r = ncclGroupEnd();
   if (!post_error.ok()) return post_error;
   if (r != ncclSuccess) return from_nccl(r, "grouped ncclSend/ncclRecv of EP tokens");
+  return Status();
+}
+
+size_t PeerAreas::header_bytes() const {
+  return (static_cast<size_t>(nranks_) * kWordStride + kPage - 1) / kPage * kPage;
+}
+
+Result<std::unique_ptr<PeerAreas>> PeerAreas::create(ncclComm_t comm, int rank, int nranks,
+                                                     size_t bytes) {
+  std::unique_ptr<PeerAreas> a(new PeerAreas(comm, rank, nranks));
+  a->n_ = static_cast<size_t>(nranks);
+  a->bytes_ = bytes;
+  a->map_bytes_ = a->header_bytes() + std::max<size_t>(bytes, 1);
+  a->fd_.reset(static_cast<int>(syscall(SYS_memfd_create, "chorus-ep", MFD_CLOEXEC)));
+  if (!a->fd_.valid()) return system_error(errno, "memfd_create of the EP buffer");
+  if (ftruncate(a->fd_.get(), static_cast<off_t>(a->map_bytes_)) != 0)
+    return system_error(errno, fmt::format("sizing the EP buffer's memfd to {} bytes", a->map_bytes_));
+  void* map = mmap(nullptr, a->map_bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, a->fd_.get(), 0);
+  if (map == MAP_FAILED)
+    return system_error(errno, fmt::format("mapping the EP buffer's {} bytes", a->map_bytes_));
+  a->map_ = map;
+  a->local_ = static_cast<char*>(map) + a->header_bytes();
+  a->peers_.resize(a->n_);
+  a->peers_[static_cast<size_t>(rank)].base = a->local_;
+  a->peers_[static_cast<size_t>(rank)].bytes = bytes;
+  // Until connect(): every rank sends to every other through the communicator.
+  a->maps_.assign(a->n_ * a->n_, 0);
+  for (size_t r = 0; r < a->n_; ++r) a->maps_[r * a->n_ + r] = 1;
+  return a;
+}
+
+PeerAreas::~PeerAreas() {
+  for (size_t r = 0; r < peers_.size(); ++r)
+    if (peers_[r].map != nullptr) munmap(peers_[r].map, peers_[r].map_bytes);
+  if (map_ != nullptr) munmap(map_, map_bytes_);
+}
+
+Result<PeerAreas::Peer> PeerAreas::map_peer(int pid, int fd, size_t bytes) const {
+  const std::string path = fmt::format("/proc/{}/fd/{}", pid, fd);
+  UniqueFd peer_fd(open(path.c_str(), O_RDWR | O_CLOEXEC));
+  if (!peer_fd.valid()) return system_error(errno, "opening " + path);
+  Peer p;
+  p.map_bytes = header_bytes() + std::max<size_t>(bytes, 1);
+  struct stat st {};
+  if (fstat(peer_fd.get(), &st) != 0) return system_error(errno, "fstat of " + path);
+  if (static_cast<size_t>(st.st_size) < p.map_bytes)
+    return internal_error("{} holds {} bytes, not the {} its rank announced", path, st.st_size,
+                          p.map_bytes);
+  p.map = mmap(nullptr, p.map_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, peer_fd.get(), 0);
+  if (p.map == MAP_FAILED) return system_error(errno, "mapping " + path);
+  p.base = static_cast<char*>(p.map) + header_bytes();
+  p.bytes = bytes;
+  p.pid = pid;
+  return p;
+}
+
+Status PeerAreas::connect() {
+  // [host, process token, pid, fd, bytes, mapping allowed] per rank.
+  constexpr size_t kWidth = 6;
+  const ProcessContext& me = ProcessContext::get();
+  const bool allowed = mapping_allowed();
+  const int64_t mine[kWidth] = {static_cast<int64_t>(me.host_hash()), static_cast<int64_t>(me.token()),
+                                me.pid(), fd_.get(), static_cast<int64_t>(bytes_), allowed ? 1 : 0};
+  std::vector<int64_t> all(kWidth * n_);
+  ncclResult_t r = ncclAllGather(mine, all.data(), kWidth, ncclInt64, comm_, nullptr);
+  if (r != ncclSuccess) return from_nccl(r, "ncclAllGather of the EP buffers' locations");
+
+  std::vector<uint8_t> mapped(n_, 0);
+  mapped[idx(rank_)] = 1;
+  for (size_t q = 0; q < n_; ++q) {
+    const int64_t* row = &all[q * kWidth];
+    peers_[q].pid = static_cast<int>(row[2]);
+    if (q == idx(rank_) || !allowed || row[5] == 0 || row[0] != mine[0]) continue;
+    auto peer = map_peer(static_cast<int>(row[2]), static_cast<int>(row[3]),
+                         static_cast<size_t>(row[4]));
+    if (!peer.ok()) {  // that pair goes through the communicator
+      CHORUS_WARN(kInit, "EP buffer: rank {} cannot map the buffer of same-host rank {}: {}",
+                      rank_, q, peer.status().message());
+      continue;
+    }
+    peers_[q] = std::move(peer).value();
+    mapped[q] = 1;
+  }
+  r = ncclAllGather(mapped.data(), maps_.data(), n_, ncclUint8, comm_, nullptr);
+  if (r != ncclSuccess) return from_nccl(r, "ncclAllGather of the mapped EP buffers");
+  for (size_t q = 0; q < n_; ++q)
+    if (q != idx(rank_) && written_by(static_cast<int>(q)) && all[q * kWidth + 1] != mine[1])
+      watch_.add(static_cast<int>(q), peers_[q].pid,
+                 fmt::format("rank {} (host {}, pid {})", q, me.hostname(), peers_[q].pid));
+  connected_ = true;
+  return Status();
+}
+
+void PeerAreas::mark_written(int peer, uint64_t step) {
+  void* map = peer == rank_ ? map_ : peers_[idx(peer)].map;
+  arrival_word(map, rank_)->store(step, std::memory_order_release);
+}
+
+Status PeerAreas::wait_written(uint64_t step, const char* call) {
+  int64_t timeout_ms = params::kTimeoutMs.get();
+  if (chorusCommGetTimeout(comm_, &timeout_ms) != ncclSuccess) timeout_ms = params::kTimeoutMs.get();
+  const int64_t start = now_ns();
+  const int64_t spin_ns = params::kSpinUs.get() * 1000;
+  const bool yield = ProcessContext::get().oversubscribed();
+  int64_t next_liveness = start + kLivenessNs;
+  for (size_t q = 0; q < n_; ++q) {
+    const int peer = static_cast<int>(q);
+    if (peer == rank_ || !written_by(peer)) continue;
+    const std::atomic<uint64_t>* word = arrival_word(map_, peer);
+    while (word->load(std::memory_order_acquire) < step) {
+      const int64_t now = now_ns();
+      if (now >= next_liveness) {
+        next_liveness = now + kLivenessNs;
+        const Status alive = watch_.check_now(std::span<const int>(&peer, 1));
+        if (!alive.ok())
+          return remote_error("{}: {}; waiting for it to write its part into rank {}'s EP buffer",
+                              call, alive.message(), rank_);
+        if (now - start > timeout_ms * 1'000'000)
+          return remote_error(
+              "{}: no progress for {} s (timeout {} ms); waiting for rank {} (pid {}, this "
+              "host) to write its tokens into rank {}'s EP buffer",
+              call, (now - start) / 1'000'000'000, timeout_ms, peer, peers_[q].pid, rank_);
+      }
+      if (yield || now - start > spin_ns) {
+        if (now - start > 2'000'000)
+          std::this_thread::sleep_for(std::chrono::microseconds(20));
+        else
+          sched_yield();
+      }
+    }
+  }
   return Status();
 }
 

@@ -1,16 +1,31 @@
 // SPDX-License-Identifier: Apache-2.0
 // File: src/ep/transfer.h
-// The one place where EP tokens move between ranks: every dispatch and combine hands its
-// messages to exchange(). This slice posts them as one group of ncclSend/ncclRecv on the
-// buffer's communicator; a later path (one-copy mapped peers, RDMA WRITE) replaces this file.
+// Where EP tokens move between ranks.
+//
+// Same host: one copy. Every EP buffer's staging area lives in a memfd that the buffer's
+// same-host peers map (/proc/<pid>/fd/<fd>, as the shm transport maps its FIFOs), so a sender
+// writes its tokens straight from the caller's arrays into the receiver's staging area, at the
+// place the receiver reads them from, and raises its arrival word there; no pack, no FIFO, no
+// second copy on the way. Other hosts (or pairs that could not map each other, or
+// CHORUS_EP_MAP=0, or a CHORUS_TRANSPORT that forces a transport without shared memory): the
+// messages go as one group of ncclSend/ncclRecv on the buffer's communicator (exchange()).
+//
+// Order: each step (a dispatch or a combine) begins with a collective on the communicator (the
+// count exchange, the agreement) that every rank enters only after it has finished reading its
+// staging area in the step before, so a writer never overwrites what a reader still reads.
 #pragma once
 
 #include <nccl.h>
 
 #include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
 #include <vector>
 
 #include "common/status.h"
+#include "common/unique_fd.h"
+#include "core/liveness.h"
 
 namespace chorus::ep {
 
@@ -34,5 +49,70 @@ Status from_nccl(ncclResult_t r, const char* what);
 // messages to itself are copied. Blocking; every rank calls it in the same collective step.
 Status exchange(ncclComm_t comm, int rank, const std::vector<SendMsg>& sends,
                 const std::vector<RecvMsg>& recvs);
+
+// This rank's staging area, and the staging areas of the same-host ranks it writes into.
+class PeerAreas {
+ public:
+  // A memfd-backed area of `bytes` (plus one arrival word per rank of the communicator).
+  static Result<std::unique_ptr<PeerAreas>> create(ncclComm_t comm, int rank, int nranks,
+                                                   size_t bytes);
+  ~PeerAreas();
+  PeerAreas(const PeerAreas&) = delete;
+  PeerAreas& operator=(const PeerAreas&) = delete;
+
+  char* local() const { return local_; }
+  size_t bytes() const { return bytes_; }
+
+  // Collective, once, before the first step: every rank publishes where its area is and maps
+  // its same-host peers' areas; then the ranks publish which peers they mapped, so both ends
+  // of a pair agree on how it moves data.
+  Status connect();
+  bool connected() const { return connected_; }
+
+  // True when this rank writes straight into `peer`'s area (itself included).
+  bool writes_into(int peer) const { return maps_[idx(rank_) * n_ + idx(peer)] != 0; }
+  // True when `peer` writes straight into this rank's area.
+  bool written_by(int peer) const { return maps_[idx(peer) * n_ + idx(rank_)] != 0; }
+  // `peer`'s area (writes_into(peer)), of area_bytes(peer) bytes.
+  char* area(int peer) const { return peers_[idx(peer)].base; }
+  size_t area_bytes(int peer) const { return peers_[idx(peer)].bytes; }
+
+  // Starts a step: returns its number, the same on every rank.
+  uint64_t begin_step() { return ++step_; }
+  // After this rank's writes of the step into `peer`'s area: publishes them (release).
+  void mark_written(int peer, uint64_t step);
+  // Waits until every rank that writes into this area has marked the step written (acquire).
+  // Bounded by the communicator's timeout; a same-host peer whose process has exited fails the
+  // wait at once. `call` names the operation in errors.
+  Status wait_written(uint64_t step, const char* call);
+
+ private:
+  struct Peer {
+    char* base = nullptr;  // the peer's staging area, mapped here
+    size_t bytes = 0;
+    void* map = nullptr;  // the whole mapping (header included), to unmap
+    size_t map_bytes = 0;
+    int pid = 0;
+  };
+  PeerAreas(ncclComm_t comm, int rank, int nranks) : comm_(comm), rank_(rank), nranks_(nranks) {}
+  static size_t idx(int r) { return static_cast<size_t>(r); }
+  size_t header_bytes() const;
+  Result<Peer> map_peer(int pid, int fd, size_t bytes) const;
+
+  ncclComm_t comm_;
+  int rank_;
+  int nranks_;
+  size_t n_ = 0;
+  size_t bytes_ = 0;
+  UniqueFd fd_;
+  void* map_ = nullptr;
+  size_t map_bytes_ = 0;
+  char* local_ = nullptr;
+  bool connected_ = false;
+  uint64_t step_ = 0;
+  std::vector<Peer> peers_;    // [nranks]; self is the local area
+  std::vector<uint8_t> maps_;  // [nranks * nranks]: row s, column r = rank s writes into r
+  PeerWatch watch_;            // the processes of the peers that write into this area
+};
 
 }  // namespace chorus::ep
