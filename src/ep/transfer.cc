@@ -185,6 +185,16 @@ Status PeerAreas::connect() {
     if (q != idx(rank_) && written_by(static_cast<int>(q)) && all[q * kWidth + 1] != mine[1])
       watch_.add(static_cast<int>(q), peers_[q].pid,
                  fmt::format("rank {} (host {}, pid {})", q, me.hostname(), peers_[q].pid));
+  size_t into = 0, from = 0;
+  for (size_t q = 0; q < n_; ++q) {
+    if (q == idx(rank_)) continue;
+    into += writes_into(static_cast<int>(q)) ? 1 : 0;
+    from += written_by(static_cast<int>(q)) ? 1 : 0;
+  }
+  CHORUS_INFO(kMoe,
+              "EP buffer of rank {}: writes straight into the buffers of {} and is written by {} of "
+              "its {} peers (same host{}); the others go through the communicator",
+              rank_, into, from, n_ - 1, allowed ? "" : ", mapping off: CHORUS_EP_MAP / CHORUS_TRANSPORT");
   connected_ = true;
   return Status();
 }
