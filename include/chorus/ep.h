@@ -46,7 +46,10 @@
  * a sender writes each token straight from x into the receiving rank's buffer (and combine each
  * result row straight from its x into the source rank's buffer), one copy, no pack / AlltoAll /
  * unpack; the receiver copies from there into its outputs. Tokens for other hosts go through
- * the communicator's transports (TCP, UCX, verbs). CHORUS_EP_MAP=0, or a CHORUS_TRANSPORT that
+ * the communicator's transports (TCP, UCX, verbs), each token once per destination host (not
+ * once per rank): one rank there receives it and writes it into the buffers of the ranks of
+ * its host that hold its experts (senders are spread over a host's ranks). Combine results
+ * travel back per rank. CHORUS_EP_MAP=0, or a CHORUS_TRANSPORT that
  * forces a transport without shared memory, sends every token through the communicator.
  *
  * Calls are blocking and collective: every rank of the communicator calls chorusEpDispatch (and

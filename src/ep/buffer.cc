@@ -37,11 +37,15 @@ std::atomic<uint64_t> g_next_id{1};
 
 Result<size_t> Buffer::size_hint(int nranks, size_t max_tokens, size_t hidden, int topk) {
   // Dispatch is the larger user: each token at most min(topk, nranks) times in the send area,
-  // up to nranks * max_tokens records in the receive area, FP32 records the largest. Combine's
+  // up to nranks * max_tokens records in the receive area, and those to forward, FP32 records the largest. Combine's
   // rows coming back and its float accumulator fit in the same bytes.
   const unsigned __int128 record = record_bytes(hidden, 4, topk);
   const auto copies = static_cast<unsigned __int128>(std::min(topk, nranks));
-  const unsigned __int128 bytes = max_tokens * record * (copies + static_cast<unsigned>(nranks));
+  // Room to forward: with several hosts, a rank may receive up to every other host's tokens
+  // for the ranks of its host (at most nranks - 2 other ranks send to it).
+  const auto forwarding = static_cast<unsigned __int128>(nranks > 2 ? nranks - 2 : 0);
+  const unsigned __int128 bytes =
+      max_tokens * record * (copies + static_cast<unsigned>(nranks) + forwarding);
   if (bytes > SIZE_MAX / 2)
     return invalid_argument(
         "{} tokens of hidden {} and topk {} on {} ranks need more than 2^63 bytes", max_tokens,
@@ -118,14 +122,30 @@ Result<std::unique_ptr<Handle>> Buffer::dispatch(const chorusEpDispatchArgs_t& a
   // Every rank's first call maps the staging areas of its same-host peers (collective).
   if (!areas_->connected()) CHORUS_RETURN_IF_ERROR(areas_->connect());
 
-  // Counts: how many tokens each rank sends to each (a refusing rank announces none), known to
-  // every rank: counts[s * n + r] from rank s to rank r.
-  std::vector<int64_t> send_count(n, 0), counts(n * n, 0), recv_count(n, 0);
-  for (size_t q = 0; st.ok() && q < n; ++q) send_count[q] = routing.per_rank[q];
-  ncclResult_t r = ncclAllGather(send_count.data(), counts.data(), n, ncclInt64, comm_, nullptr);
+  // Counts, known to every rank (a refusing rank announces none): row s holds how many tokens
+  // rank s sends to each rank, then how many it sends to each host's forwarder.
+  const auto nh = static_cast<size_t>(areas_->num_hosts());
+  const size_t width = n + nh;
+  std::vector<int64_t> mine(width, 0), counts(n * width, 0);
+  for (size_t q = 0; st.ok() && q < n; ++q) mine[q] = routing.per_rank[q];
+  for (size_t h = 0; st.ok() && h < nh; ++h) {
+    if (areas_->forwarder(rank_, static_cast<int>(h)) < 0) continue;
+    const std::vector<int>& there = areas_->host_ranks(static_cast<int>(h));
+    for (size_t t = 0; t < args.numTokens; ++t)
+      mine[n + h] += std::any_of(there.begin(), there.end(), [&](int q) {
+        return routing.in_rank[t * n + static_cast<size_t>(q)] != 0;
+      }) ? 1 : 0;
+  }
+  ncclResult_t r = ncclAllGather(mine.data(), counts.data(), width, ncclInt64, comm_, nullptr);
   if (r != ncclSuccess) return from_nccl(r, "ncclAllGather of the EP token counts");
   const auto me = static_cast<size_t>(rank_);
-  for (size_t q = 0; q < n; ++q) recv_count[q] = counts[q * n + me];
+  const auto my_host = static_cast<size_t>(areas_->host_of(rank_));
+  std::vector<int64_t> recv_count(n, 0);
+  for (size_t q = 0; q < n; ++q) recv_count[q] = counts[q * width + me];
+  size_t num_forwarded_in = 0;  // tokens this rank receives to forward on its host
+  for (size_t q = 0; q < n; ++q)
+    if (areas_->forwarder(static_cast<int>(q), static_cast<int>(my_host)) == rank_)
+      num_forwarded_in += static_cast<size_t>(counts[q * width + n + my_host]);
 
   const size_t elem = st.ok() ? elem_size(datatype) : 1;
   const size_t record = st.ok() ? record_bytes(args.hidden, elem, args.topk) : 0;
@@ -137,14 +157,15 @@ Result<std::unique_ptr<Handle>> Buffer::dispatch(const chorusEpDispatchArgs_t& a
   if (st.ok() && num_recv > out.recvCapacity)
     st = invalid_argument("{} tokens arrive on rank {} but the outputs hold recvCapacity {} rows",
                           num_recv, rank_, out.recvCapacity);
-  if (st.ok() && (num_sent + num_recv) * record > bytes_) {
+  const size_t staged = num_sent + num_recv + num_forwarded_in;
+  if (st.ok() && staged * record > bytes_) {
     const size_t max_tokens = std::max(args.numTokens, (num_recv + n - 1) / n);
     auto hint = size_hint(nranks_, max_tokens, args.hidden, args.topk);
     st = invalid_argument(
-        "rank {} sends {} and receives {} tokens of {} bytes: {} bytes of staging, more than the "
-        "buffer's {}; a buffer of chorusEpBufferSizeHint(nranks {}, maxTokens {}, hidden {}, topk "
-        "{}) = {} bytes allows it",
-        rank_, num_sent, num_recv, record, (num_sent + num_recv) * record, bytes_, nranks_,
+        "rank {} sends {}, receives {} and forwards {} tokens of {} bytes: {} bytes of staging, "
+        "more than the buffer's {}; a buffer of chorusEpBufferSizeHint(nranks {}, maxTokens {}, "
+        "hidden {}, topk {}) = {} bytes allows it",
+        rank_, num_sent, num_recv, num_forwarded_in, record, staged * record, bytes_, nranks_,
         max_tokens, args.hidden, args.topk, hint.ok() ? hint.value() : SIZE_MAX);
   }
   CHORUS_RETURN_IF_ERROR(
@@ -153,7 +174,7 @@ Result<std::unique_ptr<Handle>> Buffer::dispatch(const chorusEpDispatchArgs_t& a
             {"hidden", "topk", "numExperts", "datatype"}));
 
   CHORUS_RETURN_IF_ERROR(
-      send_tokens(args, elem, record, routing.send_offset, routing.send_tokens, counts));
+      send_tokens(args, elem, record, routing, counts));
   unpack(args, elem, record, num_recv, out);
 
   auto h = std::make_unique<Handle>();
@@ -169,7 +190,7 @@ Result<std::unique_ptr<Handle>> Buffer::dispatch(const chorusEpDispatchArgs_t& a
   h->peer_rows_total.assign(n, 0);
   for (size_t q = 0; q < n; ++q)
     for (size_t j = 0; j < n; ++j) {
-      const auto c = static_cast<size_t>(counts[q * n + j]);
+      const auto c = static_cast<size_t>(counts[q * width + j]);
       h->peer_rows_total[q] += c;
       if (j < me) h->peer_rows_before[q] += c;
     }
@@ -177,64 +198,122 @@ Result<std::unique_ptr<Handle>> Buffer::dispatch(const chorusEpDispatchArgs_t& a
 }
 
 Status Buffer::send_tokens(const chorusEpDispatchArgs_t& args, size_t elem, size_t record,
-                           const std::vector<size_t>& send_offset,
-                           const std::vector<size_t>& send_tokens,
-                           const std::vector<int64_t>& counts) {
+                           const Routing& routing, const std::vector<int64_t>& counts) {
   const auto n = static_cast<size_t>(nranks_);
+  const auto nh = static_cast<size_t>(areas_->num_hosts());
+  const size_t width = n + nh;
   const auto me = static_cast<size_t>(rank_);
+  const int my_host = areas_->host_of(rank_);
+  const auto to_rank = [&](size_t s, size_t q) { return static_cast<size_t>(counts[s * width + q]); };
   const size_t x_bytes = args.hidden * elem;
   const size_t scale_bytes = elem == 1 ? args.hidden / CHORUS_EP_FP8_BLOCK * sizeof(float) : 0;
   const auto k = static_cast<size_t>(args.topk);
-  // Records [first, last) of send_tokens, one after the other from `dst`.
-  const auto write_records = [&](size_t first, size_t last, char* dst) {
-    for (size_t i = first; i < last; ++i) {
-      const size_t t = send_tokens[i];
-      char* rec = dst + (i - first) * record;
-      std::memcpy(rec, static_cast<const char*>(args.x) + t * x_bytes, x_bytes);
-      rec += x_bytes;
-      if (scale_bytes > 0)
-        std::memcpy(rec, args.xScales + t * (scale_bytes / sizeof(float)), scale_bytes);
-      rec += scale_bytes;
-      std::memcpy(rec, args.topkIdx + t * k, k * sizeof(int64_t));
-      rec += k * sizeof(int64_t);
-      if (args.topkWeights != nullptr)
-        std::memcpy(rec, args.topkWeights + t * k, k * sizeof(float));
-      else
-        std::memset(rec, 0, k * sizeof(float));
-    }
+  const auto write_record = [&](size_t t, char* rec) {
+    std::memcpy(rec, static_cast<const char*>(args.x) + t * x_bytes, x_bytes);
+    rec += x_bytes;
+    if (scale_bytes > 0)
+      std::memcpy(rec, args.xScales + t * (scale_bytes / sizeof(float)), scale_bytes);
+    rec += scale_bytes;
+    std::memcpy(rec, args.topkIdx + t * k, k * sizeof(int64_t));
+    rec += k * sizeof(int64_t);
+    if (args.topkWeights != nullptr)
+      std::memcpy(rec, args.topkWeights + t * k, k * sizeof(float));
+    else
+      std::memset(rec, 0, k * sizeof(float));
+  };
+  // Where rank q reads the records of rank s: after those of the ranks below s.
+  const auto read_at = [&](size_t s, size_t q) {
+    size_t at = 0;
+    for (size_t j = 0; j < s; ++j) at += to_rank(j, q);
+    return at;
   };
   // This rank's staging: [receive area: records from every rank, by source rank][send area:
-  // records for the ranks it does not write into].
+  // records for the ranks and forwarders it does not write into][records to forward].
   size_t num_recv = 0;
-  for (size_t q = 0; q < n; ++q) num_recv += static_cast<size_t>(counts[q * n + me]);
+  for (size_t q = 0; q < n; ++q) num_recv += to_rank(q, me);
   char* recv_area = areas_->local();
   char* send_area = recv_area + num_recv * record;
+  char* forward_area = send_area + routing.send_tokens.size() * record;
   const uint64_t step = areas_->begin_step();
   std::vector<SendMsg> sends;
   std::vector<RecvMsg> recvs;
-  size_t recv_at = 0;
+  size_t send_at = 0;
   for (size_t q = 0; q < n; ++q) {
     const int peer = static_cast<int>(q);
-    const size_t first = send_offset[q], last = send_offset[q + 1];
+    const size_t first = routing.send_offset[q], last = routing.send_offset[q + 1];
     if (areas_->writes_into(peer)) {
-      // Where rank q reads the records of this rank: after those of the ranks below it.
-      size_t at = 0;
-      for (size_t s = 0; s < me; ++s) at += static_cast<size_t>(counts[s * n + q]);
+      const size_t at = read_at(me, q);
       if ((at + last - first) * record > areas_->area_bytes(peer))
         return internal_error("EP records [{}, {}) for rank {} overrun its buffer of {} bytes", at,
                               at + last - first, peer, areas_->area_bytes(peer));
-      write_records(first, last, areas_->area(peer) + at * record);
-    } else {
-      write_records(first, last, send_area + first * record);
-      sends.push_back({peer, send_area + first * record, (last - first) * record});
+      for (size_t i = first; i < last; ++i)
+        write_record(routing.send_tokens[i], areas_->area(peer) + (at + i - first) * record);
+    } else if (areas_->forwarder(rank_, areas_->host_of(peer)) < 0) {
+      for (size_t i = first; i < last; ++i)
+        write_record(routing.send_tokens[i], send_area + (send_at + i - first) * record);
+      sends.push_back({peer, send_area + send_at * record, (last - first) * record});
+      send_at += last - first;
     }
-    const auto from_q = static_cast<size_t>(counts[q * n + me]);
-    if (!areas_->written_by(peer)) recvs.push_back({peer, recv_area + recv_at * record, from_q * record});
-    recv_at += from_q;
+  }
+  // A host with a forwarder gets each token once, whichever of its ranks hold its experts.
+  for (size_t h = 0; h < nh; ++h) {
+    const int via = areas_->forwarder(rank_, static_cast<int>(h));
+    if (via < 0) continue;
+    const std::vector<int>& there = areas_->host_ranks(static_cast<int>(h));
+    const size_t first = send_at;
+    for (size_t t = 0; t < args.numTokens; ++t)
+      if (std::any_of(there.begin(), there.end(), [&](int q) {
+            return routing.in_rank[t * n + static_cast<size_t>(q)] != 0;
+          }))
+        write_record(t, send_area + send_at++ * record);
+    sends.push_back({via, send_area + first * record, (send_at - first) * record});
+  }
+  size_t recv_at = 0;
+  for (size_t q = 0; q < n; ++q) {
+    const int peer = static_cast<int>(q);
+    if (!areas_->written_by(peer) && areas_->forwarder(peer, my_host) < 0)
+      recvs.push_back({peer, recv_area + recv_at * record, to_rank(q, me) * record});
+    recv_at += to_rank(q, me);
+  }
+  struct Forwarded {
+    size_t source, first, count;
+  };
+  std::vector<Forwarded> forwarded;
+  size_t forward_at = 0;
+  for (size_t q = 0; q < n; ++q) {
+    if (areas_->forwarder(static_cast<int>(q), my_host) != rank_) continue;
+    const auto c = static_cast<size_t>(counts[q * width + n + static_cast<size_t>(my_host)]);
+    recvs.push_back({static_cast<int>(q), forward_area + forward_at * record, c * record});
+    forwarded.push_back({q, forward_at, c});
+    forward_at += c;
+  }
+  CHORUS_RETURN_IF_ERROR(exchange(comm_, rank_, sends, recvs));
+
+  // Forward: each record to the ranks of this host that hold one of its experts, in the place
+  // where they read that source's records (tokens arrive in ascending order, as they are read).
+  const int64_t local = args.numExperts / nranks_;
+  std::vector<size_t> next(n, 0);
+  std::vector<int64_t> idx(k);
+  for (const Forwarded& f : forwarded) {
+    for (int q : areas_->host_ranks(my_host)) next[static_cast<size_t>(q)] = read_at(f.source, static_cast<size_t>(q));
+    for (size_t i = 0; i < f.count; ++i) {
+      const char* rec = forward_area + (f.first + i) * record;
+      std::memcpy(idx.data(), rec + x_bytes + scale_bytes, k * sizeof(int64_t));
+      for (int q : areas_->host_ranks(my_host)) {
+        const auto dest = static_cast<size_t>(q);
+        const bool wanted = std::any_of(idx.begin(), idx.end(), [&](int64_t e) {
+          return e >= 0 && e / local == static_cast<int64_t>(q);
+        });
+        if (!wanted) continue;
+        if ((next[dest] + 1) * record > areas_->area_bytes(q))
+          return internal_error("EP record {} forwarded to rank {} overruns its buffer of {} bytes",
+                                next[dest], q, areas_->area_bytes(q));
+        std::memcpy(areas_->area(q) + next[dest]++ * record, rec, record);
+      }
+    }
   }
   for (int q = 0; q < nranks_; ++q)
     if (q != rank_ && areas_->writes_into(q)) areas_->mark_written(q, step);
-  CHORUS_RETURN_IF_ERROR(exchange(comm_, rank_, sends, recvs));
   return areas_->wait_written(step, "chorusEpDispatch");
 }
 

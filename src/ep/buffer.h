@@ -7,7 +7,9 @@
 // knows where its tokens go in each receiver's staging area) -> the ranks agree on the verdict
 // (ncclAllGather: every rank's refusal and the arguments that must match) -> each token written
 // once per destination rank as a record [x | scales | topk index | topk weight] straight into
-// the receive area of a same-host receiver, or into the send area and sent (transfer.h) -> the
+// the receive area of a same-host receiver, or into the send area and sent (transfer.h); a host
+// of several ranks gets each token once, at its forwarder, which writes it into the receive
+// areas of the ranks there that hold its experts (DeepEP's internode forwarding) -> the
 // receive area, contiguous per source rank, unpacked into the caller's outputs. Combine writes
 // each source rank's rows from the caller's x into that rank's staging area (or sends them) and
 // reduces what arrived there.
@@ -23,6 +25,7 @@
 #include <vector>
 
 #include "common/status.h"
+#include "ep/routing.h"
 #include "ep/transfer.h"
 
 namespace chorus::ep {
@@ -70,10 +73,10 @@ class Buffer {
   static constexpr int64_t kAnyValue = INT64_MIN;
   Status agree(const char* call, Status mine, const std::vector<int64_t>& facts,
                const std::vector<const char*>& names);
-  // Moves every token to its ranks: counts[s * nranks + r] tokens go from rank s to rank r.
+  // Moves every token to its ranks. Row s of `counts` (nranks + hosts wide): the tokens rank s
+  // sends to each rank, then to each host's forwarder (PeerAreas::forwarder).
   Status send_tokens(const chorusEpDispatchArgs_t& args, size_t elem, size_t record,
-                     const std::vector<size_t>& send_offset,
-                     const std::vector<size_t>& send_tokens, const std::vector<int64_t>& counts);
+                     const Routing& routing, const std::vector<int64_t>& counts);
   void unpack(const chorusEpDispatchArgs_t& args, size_t elem, size_t record, size_t num_recv,
               chorusEpDispatchOutput_t& out) const;
 

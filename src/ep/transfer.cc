@@ -185,6 +185,28 @@ Status PeerAreas::connect() {
     if (q != idx(rank_) && written_by(static_cast<int>(q)) && all[q * kWidth + 1] != mine[1])
       watch_.add(static_cast<int>(q), peers_[q].pid,
                  fmt::format("rank {} (host {}, pid {})", q, me.hostname(), peers_[q].pid));
+  // Hosts, by host hash in the order of their lowest rank.
+  host_of_.assign(n_, -1);
+  index_on_host_.assign(n_, 0);
+  hosts_.clear();
+  for (size_t q = 0; q < n_; ++q) {
+    if (host_of_[q] >= 0) continue;
+    const int h = static_cast<int>(hosts_.size());
+    hosts_.emplace_back();
+    for (size_t j = q; j < n_; ++j) {
+      if (all[j * kWidth] != all[q * kWidth]) continue;
+      host_of_[j] = h;
+      index_on_host_[j] = static_cast<int>(hosts_.back().size());
+      hosts_.back().push_back(static_cast<int>(j));
+    }
+  }
+  forwarding_host_.assign(hosts_.size(), 0);
+  for (size_t h = 0; h < hosts_.size(); ++h) {
+    bool all_mapped = hosts_[h].size() > 1;
+    for (int a : hosts_[h])
+      for (int b : hosts_[h]) all_mapped = all_mapped && maps_[idx(a) * n_ + idx(b)] != 0;
+    forwarding_host_[h] = all_mapped ? 1 : 0;
+  }
   size_t into = 0, from = 0;
   for (size_t q = 0; q < n_; ++q) {
     if (q == idx(rank_)) continue;
@@ -197,6 +219,13 @@ Status PeerAreas::connect() {
               rank_, into, from, n_ - 1, allowed ? "" : ", mapping off: CHORUS_EP_MAP / CHORUS_TRANSPORT");
   connected_ = true;
   return Status();
+}
+
+int PeerAreas::forwarder(int sender, int host) const {
+  const auto h = idx(host);
+  if (host == host_of(sender) || forwarding_host_[h] == 0) return -1;
+  const std::vector<int>& ranks = hosts_[h];
+  return ranks[idx(index_on_host_[idx(sender)]) % ranks.size()];
 }
 
 void PeerAreas::mark_written(int peer, uint64_t step) {

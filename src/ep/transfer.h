@@ -77,6 +77,16 @@ class PeerAreas {
   char* area(int peer) const { return peers_[idx(peer)].base; }
   size_t area_bytes(int peer) const { return peers_[idx(peer)].bytes; }
 
+  // Hosts (after connect()): the ranks of each host, hosts in the order of their lowest rank.
+  int num_hosts() const { return static_cast<int>(hosts_.size()); }
+  int host_of(int rank) const { return host_of_[idx(rank)]; }
+  const std::vector<int>& host_ranks(int host) const { return hosts_[idx(host)]; }
+  // The rank of `host` that receives `sender`'s tokens for every rank there once and writes
+  // them into their buffers (DeepEP's internode forwarding), or -1: the sender sends to each
+  // rank there itself (its own host; a host of one rank; a host whose ranks cannot all write
+  // into each other). Senders spread over the host's ranks by their own index on their host.
+  int forwarder(int sender, int host) const;
+
   // Starts a step: returns its number, the same on every rank.
   uint64_t begin_step() { return ++step_; }
   // After this rank's writes of the step into `peer`'s area: publishes them (release).
@@ -113,6 +123,10 @@ class PeerAreas {
   std::vector<Peer> peers_;    // [nranks]; self is the local area
   std::vector<uint8_t> maps_;  // [nranks * nranks]: row s, column r = rank s writes into r
   PeerWatch watch_;            // the processes of the peers that write into this area
+  std::vector<int> host_of_;               // [nranks]
+  std::vector<int> index_on_host_;         // [nranks]: position among its host's ranks
+  std::vector<std::vector<int>> hosts_;    // ranks of each host, ascending
+  std::vector<uint8_t> forwarding_host_;   // [hosts]: its ranks all write into each other
 };
 
 }  // namespace chorus::ep
