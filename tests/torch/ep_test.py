@@ -9,9 +9,9 @@ reference computed from them:
   - dispatch of FP32, BF16 and FP8 tuples: the rows that arrive are the tokens with an expert
     here, bit for bit, by source rank then token; topk indices local (-1 elsewhere), weights 0
     elsewhere, per-expert counts rounded up to expert_alignment;
-  - combine of rows each rank derives from what it received: each token gets the float sum of
-    its ranks' rows in ascending rank order, rounded once (<chorus/ep.h>), bit for bit, and the
-    topk weights sent back add up to the original ones (0 in -1 slots);
+  - combine (BF16 after FP8) of rows each rank derives from what it received: each token gets
+    the float sum of its ranks' rows in ascending rank order, rounded once (<chorus/ep.h>), bit
+    for bit, and the topk weights sent back add up to the original ones (0 in -1 slots);
   - bad input raises with a message: an expert index out of range on one rank raises on every
     rank (naming the token there, the rank elsewhere); a wrong dtype or shape, a cached-dispatch
     handle, async_finish, a destroyed Buffer raise locally; a too-small buffer names the size hint;
@@ -114,7 +114,7 @@ class Checker:
 
 
 def round_trip(buf, ck, world, num_experts, dtype, case, alignment):
-    """Dispatch every rank's tokens (dtype, or FP8 tuples for torch.uint8) and combine them back."""
+    """Dispatch every rank's tokens (dtype, or FP8 tuples for torch.uint8) and combine rows back."""
     rank = buf.rank
     all_in = [inputs(r, num_experts, case) for r in range(world)]
     x, idx, w = all_in[rank]
@@ -157,18 +157,23 @@ def round_trip(buf, ck, world, num_experts, dtype, case, alignment):
              [(c + alignment - 1) // alignment * alignment for c in counts])
     ck.equal(f"{dtype}: dispatch event, handle sizes", (event, handle.num_tokens, handle.num_recv_tokens),
              (None, idx.shape[0], len(rows)))
-    if fp8:
-        return
 
+    # Combine rows derived from the received tokens (after an FP8 dispatch, BF16 rows of the
+    # scales); the source derives the same from its own tokens.
     common.CURRENT[0] = f"{dtype} combine, case {case}"
-    y = expert_rows(recv_x, rank, dtype)
+    out_dtype = torch.bfloat16 if fp8 else dtype
+
+    def rows_of(tokens):
+        return tokens[1].repeat_interleave(128, dim=1).to(out_dtype) if fp8 else tokens
+
+    y = expert_rows(rows_of(recv_x), rank, out_dtype)
     combined, combined_w, event = buf.combine(y, handle, topk_weights=recv_w)
     # At this rank: each token's rows from the ranks it went to, float sum in rank order, one rounding.
     want = torch.zeros(idx.shape[0], HIDDEN)
     for dst in range(world):
         went = routed[dst].any(1)
-        want[went] += expert_rows(x[went].to(dtype), dst, dtype).float()
-    ck.equal(f"{dtype}: combined_x", combined, want.to(dtype))
+        want[went] += expert_rows(rows_of(sent)[went], dst, out_dtype).float()
+    ck.equal(f"{dtype}: combined_x", combined, want.to(out_dtype))
     ck.equal(f"{dtype}: combined_topk_weights", combined_w, torch.where(idx >= 0, w, torch.zeros(())))
     ck.equal(f"{dtype}: combine event", event, None)
     # Without weights, and a second time on the same handle.
