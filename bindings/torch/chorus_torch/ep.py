@@ -26,7 +26,7 @@ ordering and summation rules are written there). Differences, all deliberate:
     their per-destination token counts (one ncclReduceScatter of num_ranks int64), so the
     outputs need no worst-case capacity (num_ranks x max_tokens rows) at the price of one small
     collective per dispatch. num_worst_tokens (DeepEP's padded outputs) is not supported.
-  - Tensors: CPU and contiguous; a wrong device, layout, dtype (TypeError) or shape
+  - Tensors: CPU and contiguous; a wrong dtype (TypeError), device, memory layout or shape
     (ValueError) raises on the calling rank before any communication. Errors of the C API
     (expert indices outside [-1, num_experts), sizes, arguments that differ between ranks) raise
     RuntimeError with Chorus's message on every rank, and the buffer and group stay usable.
