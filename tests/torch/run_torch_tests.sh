@@ -8,6 +8,8 @@
 #   dead_rank_test.py    a dead rank becomes a prompt RuntimeError naming it
 #   silent_rank_test.py  a live rank that stops calling: the group's timeout ends the wait, naming it
 #   init_methods_test.py tcp:// and file:// bootstrap (plain processes, no torchrun)
+#   ep_test.py           chorus_torch.ep.Buffer (MoE dispatch/combine) vs a reference, 2 and 4 ranks
+#   examples/moe_layer.py the example MoE layer matches its dense computation (NPROC ranks)
 # Prints "ok <test>" or "FAIL <test>" per test and exits non-zero if any failed.
 #
 # Usage: tests/torch/run_torch_tests.sh <build-dir>
@@ -93,7 +95,7 @@ report() {  # <name> <ok:0|1> <log> [why]
     else
         echo "FAIL $1${4:+ ($4)}"
         echo "---- failures reported in $3:"
-        grep -o -E '(MISMATCH|EXCEPTION|WATCHDOG|dead rank test: FAIL|silent rank test: FAIL|ddp test: [0-9]+ FAIL|init methods test: FAIL|\[rank [0-9]+\] FAIL)[^[]*' "$3" \
+        grep -o -E '(MISMATCH|EXCEPTION|WATCHDOG|dead rank test: FAIL|silent rank test: FAIL|moe_layer: TOO LARGE|ddp test: [0-9]+ FAIL|init methods test: FAIL|\[rank [0-9]+\] FAIL)[^[]*' "$3" \
             | sort -u | head -60
         echo "---- last lines of $3:"
         grep -v -e 'UserWarning' -e '^  warnings.warn' "$3" | tail -15
@@ -124,6 +126,26 @@ if [ "$UT" = chorus ]; then
     n=$(count_ok "$log" 'hooks test: OK on rank ')
     if [ $rc = 0 ] && [ "$n" = "$NPROC" ]; then report hooks_test 0 "$log"; grep -h '\[rank 0\] \(overlap_hook\|fp8_hook\)' "$log"
     else report hooks_test 1 "$log" "rc=$rc, $n/$NPROC ranks OK"; fi
+fi
+
+# MoE dispatch/combine (chorus_torch.ep), at 2 and 4 ranks whatever NPROC is, and the example layer.
+if [ "$UT" = chorus ]; then
+    for ranks in 2 4; do
+        log=$LOGDIR/ep_$ranks.log
+        NPROC=$ranks run_torchrun "$log" ep_test.py; rc=$?
+        n=$(count_ok "$log" 'ep test: OK on rank ')
+        if [ $rc = 0 ] && [ "$n" = "$ranks" ]; then report "ep_test ($ranks ranks)" 0 "$log"
+        else report "ep_test ($ranks ranks)" 1 "$log" "rc=$rc, $n/$ranks ranks OK"; fi
+    done
+    log=$LOGDIR/moe_layer.log
+    port=$(free_port "$PORT_BASE")
+    PORT_BASE=$((port + 1))
+    timeout -k 10 "$TEST_TIMEOUT" "$PY" -m torch.distributed.run --nproc_per_node "$NPROC" \
+        --redirects 9:1 --tee 9:1 --master_addr 127.0.0.1 --master_port "$port" \
+        "$HERE/../../examples/moe_layer.py" >"$log" 2>&1; rc=$?
+    n=$(count_ok "$log" 'moe_layer: OK on rank ')
+    if [ $rc = 0 ] && [ "$n" = "$NPROC" ]; then report "examples/moe_layer.py" 0 "$log"; grep -o 'moe_layer: OK on rank 0 [^)]*)' "$log"
+    else report "examples/moe_layer.py" 1 "$log" "rc=$rc, $n/$NPROC ranks OK"; fi
 fi
 
 # dead rank: torchrun's exit status reflects the deliberate death, so judge by the survivors' lines.

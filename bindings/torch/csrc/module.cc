@@ -1,10 +1,12 @@
 // SPDX-License-Identifier: Apache-2.0
 // File: bindings/torch/csrc/module.cc
-// chorus_torch._C: the process group's Python type (a torch ProcessGroup) and the creator that
-// torch.distributed calls for backend "chorus" (registered by chorus_torch/__init__.py).
+// chorus_torch._C: the process group's Python type (a torch ProcessGroup), the creator that
+// torch.distributed calls for backend "chorus" (registered by chorus_torch/__init__.py), and the
+// MoE EP types that chorus_torch/ep.py wraps (ep.h).
 #include <pybind11/chrono.h>
 #include <torch/python.h>
 
+#include "ep.h"
 #include "process_group.h"
 
 namespace py = pybind11;
@@ -62,4 +64,5 @@ PYBIND11_MODULE(_C, m) {
   m.def("create_process_group", &create, py::arg("store"), py::arg("rank"), py::arg("size"),
         py::arg("timeout"), py::call_guard<py::gil_scoped_release>(),
         "What torch.distributed calls to make a group of backend 'chorus'.");
+  chorus::torch_backend::bind_ep(m);
 }

@@ -888,6 +888,16 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupChorus::overlap_ready(at::Tensor& buc
   return work;
 }
 
+ncclComm_t ProcessGroupChorus::split_comm(const char* purpose) {
+  auto comm = std::make_shared<ncclComm_t>(nullptr);
+  const std::string what = std::string("ncclCommSplit (") + purpose + ")";
+  auto work = enqueue(c10d::OpType::UNKNOWN, "chorus:split_comm", {}, [this, comm, what] {
+    check(ncclCommSplit(comm_, 0, getRank(), comm.get(), nullptr), what.c_str());
+  });
+  without_gil([&] { work->wait(); });
+  return *comm;
+}
+
 c10::intrusive_ptr<c10d::Work> ProcessGroupChorus::recvAnysource(std::vector<at::Tensor>&, int) {
   TORCH_CHECK(false, "chorus: recv from any source is not supported (NCCL has no such receive)");
 }

@@ -129,6 +129,14 @@ class ProcessGroupChorus : public c10d::ProcessGroup {
                                                const OverlapOptions& options);
   c10::intrusive_ptr<c10d::Work> overlap_ready(at::Tensor& bucket);
 
+  // A communicator of its own for a caller that makes blocking collective calls on its own
+  // thread (chorus_torch.ep.Buffer): split from the group's, so those calls never interleave
+  // with the operations the group's lanes run on theirs. The split is collective over the
+  // group: it is queued on lane kMain in issue order, like an operation, and waited for here
+  // (the GIL released). The caller owns the communicator (ncclCommDestroy, or ncclCommAbort
+  // after a failure) and keeps the group alive while it lives.
+  ncclComm_t split_comm(const char* purpose);
+
   void startCoalescing() override;
   void endCoalescing(std::vector<c10::intrusive_ptr<c10d::Work>>& reqs) override;
 

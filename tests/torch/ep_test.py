@@ -1,0 +1,267 @@
+# SPDX-License-Identifier: Apache-2.0
+"""chorus_torch.ep.Buffer (DeepEP's dispatch and combine) on the default "chorus" group.
+
+Run under torchrun (run_torch_tests.sh runs it with 2 and 4 ranks). Every rank regenerates every
+rank's inputs from seeds (random non-integer tokens, distinct experts per token with some slots
+-1, a token with no expert at all, rank 1 without tokens) and checks its own results against a
+reference computed from them:
+  - get_dispatch_layout equals the counts of topk_idx;
+  - dispatch of FP32, BF16 and FP8 tuples: the rows that arrive are the tokens with an expert
+    here, bit for bit, by source rank then token; topk indices local (-1 elsewhere), weights 0
+    elsewhere, per-expert counts rounded up to expert_alignment;
+  - combine (BF16 after FP8) of rows each rank derives from what it received: each token gets
+    the float sum of its ranks' rows in ascending rank order, rounded once (<chorus/ep.h>), bit
+    for bit, and the topk weights sent back add up to the original ones (0 in -1 slots);
+  - bad input raises with a message: an expert index out of range on one rank raises on every
+    rank (naming the token there, the rank elsewhere); a wrong dtype or shape, a cached-dispatch
+    handle, async_finish, a destroyed Buffer raise locally; a too-small buffer names the size hint;
+  - the Buffer and the group work afterwards, an all_reduce of the group running beside a dispatch.
+Prints "ep test: OK on rank R"; exits non-zero on a failure. Chorus only.
+"""
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+import torch_test_common as common
+
+HIDDEN = 256  # FP8 needs a multiple of 128
+TOPK = 4
+TOKENS = [13, 0, 29, 6]  # per rank (rank 1 has none); more ranks repeat it
+
+
+def num_tokens(rank):
+    return TOKENS[rank % len(TOKENS)]
+
+
+def inputs(rank, num_experts, case):
+    """Rank `rank`'s tokens for `case`: x float32, topk_idx, topk_weights; the same on every rank."""
+    g = torch.Generator().manual_seed(1000 * case + rank)
+    n = num_tokens(rank)
+    x = torch.randn(n, HIDDEN, generator=g) * 3.7
+    idx = torch.stack([torch.randperm(num_experts, generator=g)[:TOPK] for _ in range(n)]) \
+        if n else torch.empty(0, TOPK, dtype=torch.long)
+    idx[torch.rand(n, TOPK, generator=g) < 0.25] = -1
+    if n:
+        idx[0] = -1  # a token that goes nowhere
+    weights = torch.rand(n, TOPK, generator=g) + 0.1
+    return x, idx, weights
+
+
+def fp8_inputs(rank, case):
+    """FP8 tokens: E4M3 codes (NaN codes 0x7f / 0xff avoided) and one scale per 128 channels."""
+    g = torch.Generator().manual_seed(5000 * case + rank)
+    n = num_tokens(rank)
+    codes = torch.randint(0, 127, (n, HIDDEN), generator=g, dtype=torch.uint8)
+    codes |= (torch.rand(n, HIDDEN, generator=g) < 0.5).to(torch.uint8) << 7
+    scales = torch.rand(n, HIDDEN // 128, generator=g) + 0.01
+    return codes, scales
+
+
+def expected_dispatch(rank, world, num_experts, all_idx, all_w):
+    """(source rank, token) of each row arriving here in order, its local indices and weights."""
+    local = num_experts // world
+    lo, hi = rank * local, (rank + 1) * local
+    rows, idx, w = [], [], []
+    for src in range(world):
+        for t in range(all_idx[src].shape[0]):
+            here = (all_idx[src][t] >= lo) & (all_idx[src][t] < hi)
+            if here.any():
+                rows.append((src, t))
+                idx.append(torch.where(here, all_idx[src][t] - lo, torch.full_like(here, -1, dtype=torch.long)))
+                w.append(torch.where(here, all_w[src][t], torch.zeros(())))
+    return rows, (torch.stack(idx) if idx else torch.empty(0, TOPK, dtype=torch.long)), \
+        (torch.stack(w) if w else torch.empty(0, TOPK))
+
+
+def expert_rows(x, dst, dtype):
+    """What rank dst returns for received rows x: a function of the rows and of dst."""
+    return (x.float() * (0.5 + dst)).to(dtype)
+
+
+class Checker:
+    def __init__(self, rank):
+        self.rank = rank
+        self.failures = []
+        self.checks = 0
+
+    def equal(self, what, got, want):
+        self.checks += 1
+        if got is None or want is None:
+            ok = got is None and want is None
+        elif isinstance(want, torch.Tensor):
+            ok = got.dtype == want.dtype and got.shape == want.shape and torch.equal(got, want)
+        else:
+            ok = got == want
+        if not ok:
+            self.failures.append(f"{what}: got {got}, want {want}")
+
+    def raises(self, what, kinds, needles, fn):
+        """fn() must raise one of kinds with one of `needles` (a string or a tuple) in its message."""
+        self.checks += 1
+        needles = (needles,) if isinstance(needles, str) else needles
+        try:
+            fn()
+        except kinds as e:
+            if not any(n in str(e) for n in needles):
+                self.failures.append(f"{what}: message {str(e)!r} lacks {' or '.join(needles)!r}")
+            return
+        except Exception as e:  # noqa: BLE001 - any other kind is a failure, reported
+            self.failures.append(f"{what}: raised {type(e).__name__}: {e}")
+            return
+        self.failures.append(f"{what}: did not raise")
+
+
+def round_trip(buf, ck, world, num_experts, dtype, case, alignment):
+    """Dispatch every rank's tokens (dtype, or FP8 tuples for torch.uint8) and combine rows back."""
+    rank = buf.rank
+    all_in = [inputs(r, num_experts, case) for r in range(world)]
+    x, idx, w = all_in[rank]
+    all_idx = [a[1] for a in all_in]
+    all_w = [a[2] for a in all_in]
+    common.CURRENT[0] = f"{dtype} dispatch, case {case}"
+    per_rank, rdma, per_expert, in_rank, event = buf.get_dispatch_layout(idx, num_experts)
+    local = num_experts // world
+    routed = [(idx >= r * local) & (idx < (r + 1) * local) for r in range(world)]
+    ck.equal("layout: is_token_in_rank", in_rank,
+             torch.stack([m.any(1) for m in routed], 1) if idx.shape[0] else torch.empty(0, world, dtype=torch.bool))
+    ck.equal("layout: num_tokens_per_rank", per_rank,
+             torch.tensor([int(m.any(1).sum()) for m in routed], dtype=torch.int32))
+    ck.equal("layout: num_tokens_per_expert", per_expert,
+             torch.tensor([int((idx == e).sum()) for e in range(num_experts)], dtype=torch.int32))
+    ck.equal("layout: RDMA counts and event", (rdma, event), (None, None))
+
+    fp8 = dtype == torch.uint8
+    if fp8:
+        all_fp8 = [fp8_inputs(r, case) for r in range(world)]
+        sent = all_fp8[rank]
+    else:
+        sent = x.to(dtype)
+    recv_x, recv_idx, recv_w, recv_per_expert, handle, event = buf.dispatch(
+        sent, num_tokens_per_rank=per_rank, is_token_in_rank=in_rank,
+        num_tokens_per_expert=per_expert, topk_idx=idx, topk_weights=w, expert_alignment=alignment)
+    rows, want_idx, want_w = expected_dispatch(rank, world, num_experts, all_idx, all_w)
+    if fp8:
+        want_codes = torch.stack([all_fp8[s][0][t] for s, t in rows]) if rows else torch.empty(0, HIDDEN, dtype=torch.uint8)
+        want_scales = torch.stack([all_fp8[s][1][t] for s, t in rows]) if rows else torch.empty(0, HIDDEN // 128)
+        ck.equal(f"{dtype}: recv_x codes", recv_x[0], want_codes)
+        ck.equal(f"{dtype}: recv_x scales", recv_x[1], want_scales)
+    else:
+        want_x = torch.stack([all_in[s][0][t] for s, t in rows]).to(dtype) if rows else torch.empty(0, HIDDEN, dtype=dtype)
+        ck.equal(f"{dtype}: recv_x", recv_x, want_x)
+    ck.equal(f"{dtype}: recv_topk_idx", recv_idx, want_idx)
+    ck.equal(f"{dtype}: recv_topk_weights", recv_w, want_w)
+    counts = [int((want_idx == e).sum()) for e in range(local)]
+    ck.equal(f"{dtype}: num_recv_tokens_per_expert_list", recv_per_expert,
+             [(c + alignment - 1) // alignment * alignment for c in counts])
+    ck.equal(f"{dtype}: dispatch event, handle sizes", (event, handle.num_tokens, handle.num_recv_tokens),
+             (None, idx.shape[0], len(rows)))
+
+    # Combine rows derived from the received tokens (after an FP8 dispatch, BF16 rows of the
+    # scales); the source derives the same from its own tokens.
+    common.CURRENT[0] = f"{dtype} combine, case {case}"
+    out_dtype = torch.bfloat16 if fp8 else dtype
+
+    def rows_of(tokens):
+        return tokens[1].repeat_interleave(128, dim=1).to(out_dtype) if fp8 else tokens
+
+    y = expert_rows(rows_of(recv_x), rank, out_dtype)
+    combined, combined_w, event = buf.combine(y, handle, topk_weights=recv_w)
+    # At this rank: each token's rows from the ranks it went to, float sum in rank order, one rounding.
+    want = torch.zeros(idx.shape[0], HIDDEN)
+    for dst in range(world):
+        went = routed[dst].any(1)
+        want[went] += expert_rows(rows_of(sent)[went], dst, out_dtype).float()
+    ck.equal(f"{dtype}: combined_x", combined, want.to(out_dtype))
+    ck.equal(f"{dtype}: combined_topk_weights", combined_w, torch.where(idx >= 0, w, torch.zeros(())))
+    ck.equal(f"{dtype}: combine event", event, None)
+    # Without weights, and a second time on the same handle.
+    combined2, no_w, _ = buf.combine(y, handle)
+    ck.equal(f"{dtype}: combine again, no weights", (torch.equal(combined2, combined), no_w), (True, None))
+
+
+def bad_inputs(buf, ck, world, num_experts):
+    from chorus_torch.ep import Buffer
+    rank = buf.rank
+    x, idx, w = inputs(rank, num_experts, 7)
+    layout = buf.get_dispatch_layout(idx, num_experts)
+    kw = dict(num_tokens_per_rank=layout[0], is_token_in_rank=layout[3],
+              num_tokens_per_expert=layout[2], topk_idx=idx, topk_weights=w)
+
+    common.CURRENT[0] = "expert index out of range on rank 0"
+    bad_idx = idx.clone()
+    if rank == 0:
+        bad_idx[0, 1] = num_experts  # token 0, slot 1
+    needle = "token 0" if rank == 0 else "rank(s) 0"
+    ck.raises("expert out of range (dispatch)", RuntimeError, needle,
+              lambda: buf.dispatch(x, **dict(kw, topk_idx=bad_idx)))
+    if rank == 0:
+        ck.raises("expert out of range (layout)", RuntimeError, "token 0",
+                  lambda: buf.get_dispatch_layout(bad_idx, num_experts))
+
+    common.CURRENT[0] = "local argument checks"
+    ck.raises("float64 x", TypeError, "float32 or bfloat16", lambda: buf.dispatch(x.double(), **kw))
+    ck.raises("int32 topk_idx", TypeError, "topk_idx", lambda: buf.dispatch(x, **dict(kw, topk_idx=idx.int())))
+    ck.raises("short topk_weights", ValueError, "topk_weights must have shape",
+              lambda: buf.dispatch(x, **dict(kw, topk_weights=w[:, :2].contiguous())))
+    ck.raises("non-contiguous x", ValueError, "contiguous",
+              lambda: buf.dispatch(torch.randn(HIDDEN, 2).t(), **kw))
+    ck.raises("FP8 scales of float64", TypeError, "scales",
+              lambda: buf.dispatch((x.to(torch.uint8), torch.ones(x.shape[0], HIDDEN // 128).double()), **kw))
+    ck.raises("cached dispatch", NotImplementedError, "cached dispatch", lambda: buf.dispatch(x, handle=object(), **kw))
+    ck.raises("async_finish", NotImplementedError, "synchronous", lambda: buf.dispatch(x, async_finish=True, **kw))
+    _, _, _, _, handle, _ = buf.dispatch(x, **kw)
+    ck.raises("combine of wrong rows", ValueError, "x must have shape",
+              lambda: buf.combine(torch.zeros(handle.num_recv_tokens + 1, HIDDEN), handle))
+
+    common.CURRENT[0] = "a buffer too small"
+    # Rank 0 sends 13 tokens of 1072 bytes: more than 4096 bytes; other ranks may fit.
+    with Buffer(None, 4096) as small:
+        ck.raises("too small a buffer", RuntimeError,
+                  "chorusEpBufferSizeHint" if rank == 0 else ("chorusEpBufferSizeHint", "rank(s) 0"),
+                  lambda: small.dispatch(x, **kw))
+    ck.raises("destroyed buffer", ValueError, "destroyed", lambda: small.dispatch(x, **kw))
+
+
+def main():
+    args = common.parse_args(__doc__)
+    if args.backend_under_test != "chorus":
+        print("ep test: skipped (chorus_torch.ep needs the chorus backend)")
+        return 0
+    common.import_backend(args)
+    from chorus_torch.ep import Buffer
+    common.init_default_group(args, timeout_s=30)
+    common.start_watchdog(args.watchdog_s, "ep test")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    start = time.monotonic()
+    num_experts = 3 * world
+    ck = Checker(rank)
+
+    size = Buffer.get_buffer_size_hint(world, max(TOKENS), HIDDEN, TOPK)
+    buf = Buffer(None, num_nvl_bytes=size)
+    ck.equal("buffer attributes", (buf.rank, buf.num_ranks, buf.num_bytes), (rank, world, size))
+    for case, (dtype, alignment) in enumerate([(torch.float32, 1), (torch.bfloat16, 4), (torch.uint8, 2)]):
+        round_trip(buf, ck, world, num_experts, dtype, case, alignment)
+    bad_inputs(buf, ck, world, num_experts)
+
+    # The buffer's communicator is its own: EP calls run while the group's lane runs a collective.
+    common.CURRENT[0] = "after the errors, with an all_reduce in flight"
+    t = torch.full((1 << 16,), float(rank + 1))
+    work = dist.all_reduce(t, async_op=True)
+    round_trip(buf, ck, world, num_experts, torch.float32, 9, 1)
+    work.wait()
+    ck.equal("all_reduce beside the EP calls", t, torch.full((1 << 16,), float(world * (world + 1) // 2)))
+    buf.destroy()
+
+    for f in ck.failures:
+        print(f"[rank {rank}] FAIL {f}", flush=True)
+    if not ck.failures:
+        print(f"ep test: OK on rank {rank} ({ck.checks} checks, {world} ranks, "
+              f"{time.monotonic() - start:.1f} s after the group's start)", flush=True)
+    dist.destroy_process_group()
+    return 1 if ck.failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
