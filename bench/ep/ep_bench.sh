@@ -143,5 +143,5 @@ for f in "$work"/shm2.txt "$work"/shm4.txt "$work"/bed2.txt "$work"/bed4.txt; do
                       $6, pct(ed[$3]), pct(ec[$3]), pct(bd[$3]), pct(bc[$3]) }' "$f"
 done
 echo "# load average after: $(cut -d' ' -f1-3 /proc/loadavg)"
-echo "# results: $out"
+echo "# results: ${out#"$root"/}"
 exit "$status"
