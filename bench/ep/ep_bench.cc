@@ -186,6 +186,50 @@ int64_t differ(const void* a, const void* b, size_t bytes) {
   return bytes > 0 && std::memcmp(a, b, bytes) != 0 ? 1 : 0;
 }
 
+// Arrays in which two dispatches' outputs differ (0: bit for bit the same).
+int64_t differences(const Shape& s, size_t num_recv, const Received& a, const Received& b) {
+  if (a.num_recv != num_recv || b.num_recv != num_recv) return 1;
+  const auto k = static_cast<size_t>(s.topk);
+  return differ(a.x.data(), b.x.data(), num_recv * row_bytes(s)) +
+         differ(a.scales.data(), b.scales.data(), num_recv * scale_bytes(s)) +
+         differ(a.topk_idx.data(), b.topk_idx.data(), num_recv * k * sizeof(int64_t)) +
+         differ(a.topk_weights.data(), b.topk_weights.data(), num_recv * k * sizeof(float)) +
+         (a.tokens_per_expert != b.tokens_per_expert);
+}
+
+// The figures of one configuration from this rank's step times (reordered), combined over the
+// ranks. tokens[src * n + dst]: tokens sent from rank src to rank dst.
+Figures summarize(Rank& r, const Shape& s, std::vector<double> (&seconds)[kNumSteps],
+                  size_t num_recv, const std::vector<int64_t>& tokens) {
+  // DeepEP's bytes: dispatch, the received rows (x and FP8 scales); combine, the same rows in BF16.
+  const double dispatch_bytes = static_cast<double>(num_recv * (row_bytes(s) + scale_bytes(s)));
+  const double combine_bytes = static_cast<double>(num_recv * combine_row_bytes(s));
+  Figures f{};
+  double inverse_gbps[kNumSteps];  // max over ranks of 1 / GB/s = min of GB/s
+  for (int i = 0; i < kNumSteps; ++i) {
+    auto& v = seconds[i];  // the median (the upper one of an even count)
+    std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(v.size() / 2), v.end());
+    const double median = v[v.size() / 2];
+    f.time_us[i] = median * 1e6;
+    const double bytes = i == kEpDispatch || i == kBaseDispatch ? dispatch_bytes : combine_bytes;
+    inverse_gbps[i] = bytes > 0 ? median * 1e9 / bytes : 0;
+  }
+  r.all_reduce(f.time_us, kNumSteps, ncclFloat64, ncclMax);
+  r.all_reduce(inverse_gbps, kNumSteps, ncclFloat64, ncclMax);
+  const double link_dispatch = link_bytes(r, tokens, record_bytes(s));
+  const double link_combine = link_bytes(r, tokens, combine_row_bytes(s));
+  for (int i = 0; i < kNumSteps; ++i) {
+    f.gbps[i] = inverse_gbps[i] > 0 ? 1 / inverse_gbps[i] : 0;
+    const double link = i == kEpDispatch || i == kBaseDispatch ? link_dispatch : link_combine;
+    f.link_gbps[i] = link / (f.time_us[i] * 1e3);
+  }
+  int64_t recv[2] = {static_cast<int64_t>(num_recv), -static_cast<int64_t>(num_recv)};
+  r.all_reduce(recv, 2, ncclInt64, ncclMax);
+  f.recv_max = recv[0];
+  f.recv_min = -recv[1];
+  return f;
+}
+
 // Dispatch + combine through chorus/ep.h, with this rank's inputs and output arrays.
 struct EpRun {
   chorusEpBuffer_t buffer;
@@ -257,16 +301,7 @@ Figures run_normal(Rank& r, chorusEpBuffer_t buffer, const Shape& s) {
 
   // The check: EP and the baseline agree on everything a dispatch returns, and on combine.
   for (int i = 0; i < kNumSteps; ++i) check(r.rank, steps[i](), names[i]);
-  const size_t k = static_cast<size_t>(s.topk);
-  int64_t wrong = ep_recv.num_recv != base_recv.num_recv || ep_recv.num_recv != num_recv;
-  if (wrong == 0) {
-    wrong += differ(ep_recv.x.data(), base_recv.x.data(), num_recv * row_bytes(s));
-    wrong += differ(ep_recv.scales.data(), base_recv.scales.data(), num_recv * scale_bytes(s));
-    wrong += differ(ep_recv.topk_idx.data(), base_recv.topk_idx.data(), num_recv * k * 8);
-    wrong += differ(ep_recv.topk_weights.data(), base_recv.topk_weights.data(), num_recv * k * 4);
-    wrong += ep_recv.tokens_per_expert != base_recv.tokens_per_expert;
-    wrong += ep_combined != base_combined;
-  }
+  int64_t wrong = differences(s, num_recv, ep_recv, base_recv) + (ep_combined != base_combined);
   r.all_reduce(&wrong, 1, ncclInt64, ncclSum);
   if (wrong != 0)
     fail(r.rank, fmt::format("normal {}: EP and the baseline disagree ({} of the compared arrays "
@@ -285,33 +320,7 @@ Figures run_normal(Rank& r, chorusEpBuffer_t buffer, const Shape& s) {
           std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     }
 
-  // DeepEP's bytes: dispatch, the received rows (x and FP8 scales); combine, the same rows in BF16.
-  const double dispatch_bytes = static_cast<double>(num_recv * (row_bytes(s) + scale_bytes(s)));
-  const double combine_bytes = static_cast<double>(num_recv * combine_row_bytes(s));
-  Figures f{};
-  double inverse_gbps[kNumSteps];  // max over ranks of 1 / GB/s = min of GB/s
-  for (int i = 0; i < kNumSteps; ++i) {
-    auto& v = seconds[i];
-    std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(v.size() / 2), v.end());
-    const double median = v[v.size() / 2];
-    f.time_us[i] = median * 1e6;
-    const double bytes = i == kEpDispatch || i == kBaseDispatch ? dispatch_bytes : combine_bytes;
-    inverse_gbps[i] = bytes > 0 ? median * 1e9 / bytes : 0;
-  }
-  r.all_reduce(f.time_us, kNumSteps, ncclFloat64, ncclMax);
-  r.all_reduce(inverse_gbps, kNumSteps, ncclFloat64, ncclMax);
-  const double link_dispatch = link_bytes(r, tokens, record_bytes(s));
-  const double link_combine = link_bytes(r, tokens, combine_row_bytes(s));
-  for (int i = 0; i < kNumSteps; ++i) {
-    f.gbps[i] = inverse_gbps[i] > 0 ? 1 / inverse_gbps[i] : 0;
-    const double link = i == kEpDispatch || i == kBaseDispatch ? link_dispatch : link_combine;
-    f.link_gbps[i] = link / (f.time_us[i] * 1e3);
-  }
-  int64_t recv[2] = {static_cast<int64_t>(num_recv), -static_cast<int64_t>(num_recv)};
-  r.all_reduce(recv, 2, ncclInt64, ncclMax);
-  f.recv_max = recv[0];
-  f.recv_min = -recv[1];
-  return f;
+  return summarize(r, s, seconds, num_recv, tokens);
 }
 
 void print_header(const Options& o, const World& w, int nranks, size_t hosts) {
