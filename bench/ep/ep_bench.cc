@@ -32,6 +32,7 @@ namespace chorus::bench::ep {
 namespace {
 
 enum class Mode { kNormal };
+const char* mode_name(Mode) { return "normal"; }
 
 struct Options {
   Mode mode = Mode::kNormal;
@@ -71,6 +72,7 @@ std::string parse(int argc, char** argv, Options& o) {
     std::string err;
     if (flag == "--mode") {
       if (std::strcmp(v, "normal") != 0) return fmt::format("--mode: '{}': only normal", v);
+      o.mode = Mode::kNormal;
     } else if (flag == "-d" || flag == "--dtype") {
       o.dtypes.clear();
       std::string list = v;
@@ -340,22 +342,21 @@ void print_header(const Options& o, const World& w, int nranks, size_t hosts) {
               "link_disp", "link_comb");
 }
 
-void print_rows(int nranks, ncclDataType_t t, const Figures& f) {
+void print_rows(Mode mode, int nranks, ncclDataType_t t, const Figures& f) {
   auto link = [&](int i) {
     return f.link_gbps[i] > 0 ? fmt::format("{:.4f}", f.link_gbps[i]) : std::string("-");
   };
   const std::string recv = fmt::format("{}-{}", f.recv_min, f.recv_max);
-  std::printf("%-7s %5d %5s %-11s %11s %12.1f %10.3f %12.1f %10.3f %10s %10s\n", "normal", nranks,
-              dtype_name(t), "ep", recv.c_str(), f.time_us[kEpDispatch], f.gbps[kEpDispatch],
-              f.time_us[kEpCombine], f.gbps[kEpCombine], link(kEpDispatch).c_str(),
-              link(kEpCombine).c_str());
-  std::printf("%-7s %5d %5s %-11s %11s %12.1f %10.3f %12.1f %10.3f %10s %10s\n", "normal", nranks,
-              dtype_name(t), "alltoallv", recv.c_str(), f.time_us[kBaseDispatch],
-              f.gbps[kBaseDispatch], f.time_us[kBaseCombine], f.gbps[kBaseCombine],
-              link(kBaseDispatch).c_str(), link(kBaseCombine).c_str());
-  std::printf("%-7s %5d %5s %-11s %11s %12s %9.2fx %12s %9.2fx %10s %10s\n", "normal", nranks,
-              dtype_name(t), "ep/base", "", "", f.gbps[kEpDispatch] / f.gbps[kBaseDispatch], "",
-              f.gbps[kEpCombine] / f.gbps[kBaseCombine], "", "");
+  auto row = [&](const char* impl, int dispatch, int combine) {
+    std::printf("%-7s %5d %5s %-11s %11s %12.1f %10.3f %12.1f %10.3f %10s %10s\n", mode_name(mode),
+                nranks, dtype_name(t), impl, recv.c_str(), f.time_us[dispatch], f.gbps[dispatch],
+                f.time_us[combine], f.gbps[combine], link(dispatch).c_str(), link(combine).c_str());
+  };
+  row("ep", kEpDispatch, kEpCombine);
+  row("alltoallv", kBaseDispatch, kBaseCombine);
+  std::printf("%-7s %5d %5s %-11s %11s %12s %9.2fx %12s %9.2fx %10s %10s\n", mode_name(mode),
+              nranks, dtype_name(t), "ep/base", "", "", f.gbps[kEpDispatch] / f.gbps[kBaseDispatch],
+              "", f.gbps[kEpCombine] / f.gbps[kBaseCombine], "", "");
   std::fflush(stdout);
 }
 
@@ -393,8 +394,13 @@ void run_rank(const Options& opt, const World& world, int local) {
   for (ncclDataType_t t : opt.dtypes) {
     Shape s = opt.shape;
     s.dtype = t;
-    const Figures f = run_normal(r, buffer, s);
-    if (rank == 0) print_rows(nranks, t, f);
+    Figures f{};
+    switch (opt.mode) {
+      case Mode::kNormal:
+        f = run_normal(r, buffer, s);
+        break;
+    }
+    if (rank == 0) print_rows(opt.mode, nranks, t, f);
   }
   check(rank, chorusEpBufferDestroy(buffer), "chorusEpBufferDestroy");
   check(rank, ncclCommDestroy(r.comm), "ncclCommDestroy");
