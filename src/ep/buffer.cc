@@ -37,8 +37,8 @@ std::atomic<uint64_t> g_next_id{1};
 
 Result<size_t> Buffer::size_hint(int nranks, size_t max_tokens, size_t hidden, int topk) {
   // Dispatch is the larger user: each token at most min(topk, nranks) times in the send area,
-  // up to nranks * max_tokens records in the receive area, and those to forward, FP32 records the largest. Combine's
-  // rows coming back and its float accumulator fit in the same bytes.
+  // up to nranks * max_tokens records in the receive area, and those to forward; FP32 records
+  // the largest. Combine's rows coming back fit in the same bytes.
   const unsigned __int128 record = record_bytes(hidden, 4, topk);
   const auto copies = static_cast<unsigned __int128>(std::min(topk, nranks));
   // Room to forward: with several hosts, a rank may receive up to every other host's tokens
@@ -362,13 +362,10 @@ Status Buffer::combine(const Handle& h, const void* x, int datatype, bool with_w
   const size_t row = h.hidden * (bf16 ? 2 : 4);
   const size_t weight_row = with_weights ? k * sizeof(float) : 0;
   const size_t rows_back = h.send_tokens.size();
-  const size_t acc_bytes = bf16 ? h.num_tokens * h.hidden * sizeof(float) : 0;
-  // [rows, grouped by the rank they come from] [weights] [float accumulator (BF16 only)], each
-  // part 8-byte aligned (BF16 rows may be odd-sized). A writing peer finds the first two parts
-  // from the counts alone.
+  // [rows, grouped by the rank they come from] [weights, 8-byte aligned: BF16 rows may be
+  // odd-sized]. A writing peer finds both from the counts alone.
   const auto weights_at = [&](size_t rows) { return align8(rows * row); };
-  const size_t acc_at = align8(weights_at(rows_back) + rows_back * weight_row);
-  const size_t need = acc_at + acc_bytes;
+  const size_t need = weights_at(rows_back) + rows_back * weight_row;
   if (st.ok() && need > bytes_)
     st = invalid_argument(
         "combine brings {} rows of {} bytes back to rank {}: {} bytes of staging, more than the "
@@ -382,7 +379,6 @@ Status Buffer::combine(const Handle& h, const void* x, int datatype, bool with_w
 
   char* rows = areas_->local();
   char* weights = rows + weights_at(rows_back);
-  float* acc = bf16 ? reinterpret_cast<float*>(rows + acc_at) : static_cast<float*>(combined_x);
   const uint64_t step = areas_->begin_step();
   std::vector<SendMsg> sends;
   std::vector<RecvMsg> recvs;
@@ -415,28 +411,38 @@ Status Buffer::combine(const Handle& h, const void* x, int datatype, bool with_w
   CHORUS_RETURN_IF_ERROR(exchange(comm_, rank_, sends, recvs));
   CHORUS_RETURN_IF_ERROR(areas_->wait_written(step, "chorusEpCombine"));
 
-  // Ascending rank order per token: rows come back grouped by the rank they went to. The
+  // Per token, its rows in ascending rank order (rows come back grouped by the rank they went
+  // to), summed in one float row that stays in cache, then rounded once into the output. The
   // library's kernels add (fp32 sums, bit for bit the scalar a + b) and convert BF16 rows.
+  std::vector<size_t> first_row(h.num_tokens + 1, 0), token_rows(rows_back);
+  for (size_t i = 0; i < rows_back; ++i) ++first_row[h.send_tokens[i] + 1];
+  for (size_t t = 0; t < h.num_tokens; ++t) first_row[t + 1] += first_row[t];
+  {
+    std::vector<size_t> next(first_row.begin(), first_row.end() - 1);
+    for (size_t i = 0; i < rows_back; ++i) token_rows[next[h.send_tokens[i]]++] = i;
+  }
   const kernels::ReduceFn add = kernels::reduce_fn(DataType::kFloat32, kernels::ReduceOp::kSum);
   const int kBf16 = static_cast<int>(DataType::kBfloat16);
   const kernels::ConvertFn widen = kernels::kernels().to_float[kBf16];
   const kernels::ConvertFn narrow = kernels::kernels().from_float[kBf16];
-  std::vector<float> widened(bf16 ? h.hidden : 0);  // one BF16 row as floats
-  std::fill(acc, acc + h.num_tokens * h.hidden, 0.0f);
-  if (with_weights) std::fill(combined_weights, combined_weights + h.num_tokens * k, 0.0f);
-  for (size_t i = 0; i < rows_back; ++i) {
-    float* dst = acc + h.send_tokens[i] * h.hidden;
-    const void* src = rows + i * row;
-    if (bf16) {
-      widen(widened.data(), src, h.hidden);
-      src = widened.data();
+  std::vector<float> sum(bf16 ? h.hidden : 0), widened(bf16 ? h.hidden : 0);
+  for (size_t t = 0; t < h.num_tokens; ++t) {
+    float* dst = bf16 ? sum.data() : static_cast<float*>(combined_x) + t * h.hidden;
+    std::fill(dst, dst + h.hidden, 0.0f);
+    float* wdst = with_weights ? combined_weights + t * k : nullptr;
+    if (with_weights) std::fill(wdst, wdst + k, 0.0f);
+    for (size_t j = first_row[t]; j < first_row[t + 1]; ++j) {
+      const size_t i = token_rows[j];
+      const void* src = rows + i * row;
+      if (bf16) {
+        widen(widened.data(), src, h.hidden);
+        src = widened.data();
+      }
+      add(dst, dst, src, h.hidden);
+      if (with_weights) add(wdst, wdst, weights + i * weight_row, k);
     }
-    add(dst, dst, src, h.hidden);
-    if (!with_weights) continue;
-    float* wdst = combined_weights + h.send_tokens[i] * k;
-    add(wdst, wdst, weights + i * weight_row, k);
+    if (bf16) narrow(static_cast<char*>(combined_x) + t * row, dst, h.hidden);
   }
-  if (bf16) narrow(combined_x, acc, h.num_tokens * h.hidden);
   return Status();
 }
 
