@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0
  * File: include/chorus/ep.h
  * MoE expert parallelism: DeepEP-style dispatch and combine of tokens between the ranks that
- * hold the experts (DeepEP's "normal" mode, on host memory).
+ * hold the experts (DeepEP's "normal" mode, on host memory; its low-latency mode further below).
  *
  * Experts. numExperts experts are split evenly over the communicator's nranks ranks
  * (numExperts % nranks == 0): rank r holds experts [r * L, (r + 1) * L), L = numExperts / nranks,
