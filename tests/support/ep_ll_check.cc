@@ -141,8 +141,10 @@ RankInput make_input(const LlCase& c, int rank, int nranks) {
     // Magnitudes from 2^-12 to 2^6 per 16 channels, so FP8 blocks have varied scales.
     const float mag = std::ldexp(1.0f, static_cast<int>((i / 16 * 7 + c.seed) % 19) - 12);
     float f = value(gen) * mag;
-    // The first FP8 block of the first token is all zeros (its defined scale).
+    // With FP8, the first block of the first token is all zeros and the last block of the
+    // second holds an Inf (their defined scales).
     if (c.fp8 != Fp8::kNone && i < CHORUS_EP_FP8_BLOCK) f = 0.0f;
+    if (c.fp8 != Fp8::kNone && i == 2 * h - 1) f = INFINITY;
     if (c.dtype == ncclBfloat16) {
       const uint16_t b = float_to_bf16(f);
       f = bf16_to_float(b);
@@ -253,9 +255,18 @@ std::string check_fp8_block(const Run& run, size_t row, size_t blk, const float*
   float s = 0.0f;
   const size_t at = row * c.blocks() + blk;
   if (c.fp8 == Fp8::kUe8m0) {
-    s = std::ldexp(1.0f, static_cast<int>(run.recv_scales[at]) - 127);
+    const uint8_t e = run.recv_scales[at];
+    s = e == 0xff ? NAN : std::ldexp(1.0f, static_cast<int>(e) - 127);
   } else {
     std::memcpy(&s, &run.recv_scales[at * 4], 4);
+  }
+  const uint8_t* codes = &run.recv_x[row * c.hidden + blk * CHORUS_EP_FP8_BLOCK];
+  if (!std::isfinite(amax)) {  // an Inf in the block: a NaN scale and NaN codes, not clipped
+    for (size_t i = 0; i < CHORUS_EP_FP8_BLOCK; ++i)
+      if (!std::isnan(s) || !std::isnan(kernels::fp8e4m3_to_float(codes[i])))
+        return fmt::format("channel {} of a block holding Inf: scale {}, code {:#x}, not NaN", i,
+                           s, codes[i]);
+    return "";
   }
   if (c.fp8 == Fp8::kFloatScales && s != std::max(amax / 448.0f, FLT_MIN))
     return fmt::format("scale {} for amax {}: expected max(amax / 448, FLT_MIN)", s, amax);
@@ -267,7 +278,6 @@ std::string check_fp8_block(const Run& run, size_t row, size_t blk, const float*
     if (m != 0.5f || !smallest)
       return fmt::format("scale {} for amax {}: not the least power of two >= amax / 448", s, amax);
   }
-  const uint8_t* codes = &run.recv_x[row * c.hidden + blk * CHORUS_EP_FP8_BLOCK];
   for (size_t i = 0; i < CHORUS_EP_FP8_BLOCK; ++i) {
     const double got = static_cast<double>(kernels::fp8e4m3_to_float(codes[i])) * s;
     const double x = v[i];

@@ -4,9 +4,9 @@
 // communicator. As in ep_check.h, every rank's inputs are regenerated from a seed and the rank
 // number, so each rank computes what each of its experts must receive, in which row, and what
 // its combine must give back, using only the public API (threads and processes alike):
-// received rows bit for bit (FP8: each scale against its definition and each decoded value
-// within E4M3's bound of the original), counts and source info, and the weighted combine bit for
-// bit against the documented float sum.
+// received rows bit for bit (FP8: each scale against its definition, an all-zero block and one
+// holding Inf included, and each decoded value within E4M3's bound of the original), counts and
+// source info, and the weighted combine bit for bit against the documented float sum.
 #pragma once
 
 #include <nccl.h>
