@@ -58,10 +58,13 @@ Result<std::shared_ptr<ep::Handle>> find_handle(chorusEpHandle_t handle) {
   if (handle == nullptr) return invalid_argument("handle is NULL");
   std::lock_guard<std::mutex> lock(g_mutex);
   auto it = handles().find(handle);
-  if (it == handles().end())
-    return invalid_argument("handle {} is not a live chorusEpHandle_t (destroyed?)",
-                            static_cast<void*>(handle));
-  return it->second;
+  if (it != handles().end()) return it->second;
+  if (ll_handles().count(handle) != 0)
+    return invalid_argument(
+        "handle {} comes from a low-latency dispatch (chorusEpLowLatencyDispatch)",
+        static_cast<void*>(handle));
+  return invalid_argument("handle {} is not a live chorusEpHandle_t (destroyed?)",
+                          static_cast<void*>(handle));
 }
 
 Result<std::shared_ptr<ep::LowLatencyHandle>> find_ll_handle(chorusEpHandle_t handle) {

@@ -264,8 +264,8 @@ std::string check_fp8_block(const Run& run, size_t row, size_t blk, const float*
   if (!std::isfinite(amax)) {  // an Inf in the block: a NaN scale and NaN codes, not clipped
     for (size_t i = 0; i < CHORUS_EP_FP8_BLOCK; ++i)
       if (!std::isnan(s) || !std::isnan(kernels::fp8e4m3_to_float(codes[i])))
-        return fmt::format("channel {} of a block holding Inf: scale {}, code {:#x}, not NaN", i,
-                           s, codes[i]);
+        return fmt::format("channel {} of a block holding Inf: scale {}, code {:#x}, not NaN", i, s,
+                           codes[i]);
     return "";
   }
   if (c.fp8 == Fp8::kFloatScales && s != std::max(amax / 448.0f, FLT_MIN))
@@ -557,6 +557,14 @@ std::string check_ep_ll_hooks(ncclComm_t comm, uint64_t seed) {
     f += wait(ha, "combine hook A") + wait(hb, "combine hook B");
   }
   if (f.empty()) f = check_combined(a) + check_combined(bb);
+  // A low-latency handle is no normal-mode handle (and the slots are free again).
+  if (f.empty()) {
+    std::vector<float> y(1), out(1);
+    f = expect_refused(
+        "a normal-mode combine of a low-latency handle",
+        chorusEpCombine(b, bb.handle, y.data(), ncclFloat32, nullptr, out.data(), nullptr), rank,
+        -1, "comes from a low-latency dispatch");
+  }
   // Blocking again on the same buffer: both slots are free.
   if (f.empty()) f = combine(b, bb, nullptr);
   if (f.empty()) f = check_combined(bb);
