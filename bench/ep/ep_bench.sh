@@ -5,7 +5,8 @@
 # (bench/ep/README.md), with an already built ep_bench and chorus-run:
 #   1. shared memory: 2 and 4 processes on this host (chorus-run, CHORUS_TRANSPORT=SHM);
 #   2. the test bed (scripts/testbed.sh, root only): 2 hosts joined by one link shaped with tbf
-#      (default 1 Gbit/s each way), CHORUS_TRANSPORT=TCP: raw TCP through the link first
+#      (default 1 Gbit/s each way), transports as Chorus picks them (shared memory inside a
+#      host, TCP across; EP writes into same-host buffers and forwards): raw TCP through the link first
 #      (bench/compress/tcp_rate.py), then 1 rank per host and 2 ranks per host (cyclic
 #      placement); each rank's row of "link" figures is the bytes that cross the busiest host's
 #      link (tokens sent between ranks on different hosts x their record: x row, FP8 scales, topk
@@ -100,7 +101,7 @@ if [ "$testbed_wanted" = 1 ] && [ "$(id -u)" = 0 ]; then
   testbed_start_session ep
   "$testbed" up --hosts 2 --rails 1 --rate "$rate" > "$work/up.log" 2>&1 ||
     { cat "$work/up.log"; exit 1; }
-  echo "# test bed: 2 hosts x 1 rail, every link tbf $rate both ways, CHORUS_TRANSPORT=TCP"
+  echo "# test bed: 2 hosts x 1 rail, every link tbf $rate both ways; shared memory inside a host, TCP across"
   port=47511
   "$testbed" run 1 python3 "$root/bench/compress/tcp_rate.py" serve 10.240.0.2 "$port" \
     > "$work/server.txt" 2>&1 &
@@ -117,7 +118,7 @@ if [ "$testbed_wanted" = 1 ] && [ "$(id -u)" = 0 ]; then
   for n in 2 4; do
     run_bench "test bed, $n ranks ($((n / 2)) per host)" "$work/bed$n.txt" \
       "$testbed" launch -n "$n" --placement cyclic --timeout 1800 --chorus-run "$run" \
-      -x CHORUS_TRANSPORT=TCP "$bench" -n "$bed_iters" -w "$bed_warmup" \
+      "$bench" -n "$bed_iters" -w "$bed_warmup" \
       "${extra[@]+"${extra[@]}"}"
   done
 elif [ "$testbed_wanted" = 1 ]; then

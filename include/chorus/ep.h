@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0
  * File: include/chorus/ep.h
  * MoE expert parallelism: DeepEP-style dispatch and combine of tokens between the ranks that
- * hold the experts (DeepEP's "normal" mode, on host memory).
+ * hold the experts (DeepEP's "normal" mode, on host memory; its low-latency mode further below).
  *
  * Experts. numExperts experts are split evenly over the communicator's nranks ranks
  * (numExperts % nranks == 0): rank r holds experts [r * L, (r + 1) * L), L = numExperts / nranks,
@@ -159,6 +159,137 @@ ncclResult_t chorusEpCombine(chorusEpBuffer_t buffer, chorusEpHandle_t handle, c
 
 /* Frees a handle (any time after its dispatch; not during a call using it). */
 ncclResult_t chorusEpHandleDestroy(chorusEpHandle_t handle);
+
+/* ---- Low-latency mode (DeepEP's low_latency_dispatch / low_latency_combine) ----
+ *
+ * For decoding: every rank dispatches at most maxTokensPerRank tokens (the same bound on every
+ * rank), and what arrives is laid out per local expert in fixed-size arrays, so nothing depends
+ * on counts exchanged beforehand. Use:
+ *   1. chorusEpLowLatencySizeHint(nranks, maxTokensPerRank, hidden, numExperts, topk, &bytes),
+ *      chorusEpBufferCreate(comm, bytes, &buffer) (a buffer may serve both modes if sized for
+ *      both: the larger hint);
+ *   2. chorusEpLowLatencyDispatch -> per local expert e, recvCount[e] tokens in
+ *      recvX[e, 0 .. recvCount[e]); the caller runs expert e on them and writes its outputs in the
+ *      same rows of its own [L, nranks * maxTokensPerRank, hidden] array;
+ *      chorusEpLowLatencyCombine(handle) sends each row back to the token's rank, which sums
+ *      them weighted by topkWeights;
+ *   3. chorusEpHandleDestroy(handle).
+ *
+ * Layouts (R = nranks * maxTokensPerRank rows per local expert; L = numExperts / nranks):
+ *   x           [numTokens, hidden] of ncclBfloat16 or ncclFloat32
+ *   recvX       [L, R, hidden]: uint8 FP8 E4M3 codes with useFp8, else the dispatch datatype
+ *   recvXScales useFp8: [L, R, hidden / 128], float, or uint8 (UE8M0) with useUe8m0
+ *   recvCount   [L] int: rows of each local expert that hold tokens (the rest are not written)
+ *   recvSrcInfo [L, R] int64 (optional): srcRank * maxTokensPerRank + token index at the source
+ * Each (token, expert) pair reaches the expert once: a token with three experts on a rank fills a
+ * row of each of the three (slots of -1 are skipped; a token may not name an expert twice). The
+ * rows of an expert are ordered by source rank, then by token index at the source: deterministic,
+ * unlike DeepEP's arrival order.
+ *
+ * FP8 (useFp8, hidden % 128 == 0): the dispatch casts each 128 channels of a token with the
+ * library's block codec (kernels/compress): amax = the block's largest |x| (BF16 widened
+ * exactly), scale s = max(amax / 448, FLT_MIN) and codes = E4M3(x * (1 / s)) rounded to nearest
+ * even (saturating); a row decodes as code * s. roundScale: s = 2^e, e the smallest integer with
+ * amax <= 448 * 2^e (clamped to [-127, 127]), so x * 2^-e is exact before the cast; useUe8m0
+ * (which implies roundScale) delivers e + 127 as one byte instead of the float s. An all-zero
+ * block gets s = FLT_MIN (roundScale: 2^-127, the byte 0) and decodes to zeros; a block holding
+ * Inf or NaN gets a NaN scale (the byte 0xff) and NaN codes. Each decoded value x' is within
+ * E4M3's bound of x: |x' - x| <= (2^-4 + 2^-20) |x| + 2^-10 s + 2^-149.
+ *
+ * Combine: x [L, R, hidden] of ncclBfloat16 or ncclFloat32 (any of the two, whatever the dispatch
+ * sent) holds expert e's output for token row j < recvCount[e] in row [e, j]; combinedX
+ * [numTokens, hidden] of the same datatype receives for each token t
+ *   combined[t] = sum over its slots k = 0 .. topk-1 with topkIdx[t, k] != -1, in that order, of
+ *                 topkWeights[t, k] * row(t, k)
+ * in float: acc = 0, then acc = acc + fl(w * v) per slot (each product and sum rounded to float,
+ * no fused multiply-add), rounded once to the datatype at the end; a token with no experts gets
+ * zeros. topkIdx is the dispatch's (the handle keeps it); topkWeights [numTokens, topk].
+ *
+ * Hooks (DeepEP's return_recv_hook). With returnRecvHook = 0 a call is blocking: it returns with
+ * its outputs complete. With returnRecvHook != 0 it only checks, agrees, packs and posts its
+ * sends and receives (on a host stream of its own, include/chorus/stream.h), and returns a hook;
+ * the data moves in the background while the caller computes, and chorusEpHookWait(hook) waits
+ * for arrival, writes the outputs and frees the hook. Until then the call's output arrays must
+ * stay valid and untouched (the hook keeps what else it needs: its handle may be destroyed); its
+ * inputs may be reused at once, and a dispatch's handle is usable only once its hook has run.
+ * Two calls may be in flight per buffer (two micro-batches: dispatch A, dispatch B, hook A,
+ * hook B, and likewise for combine): the buffer holds two slots (DeepEP's double buffering), and
+ * a call finding both taken is refused (on every rank). The agreement of a call runs in the
+ * communicator's issue order, after the transfers posted before it on this rank: a second call
+ * returns once the first's data has moved here (not once its hook ran). Normal-mode calls are
+ * refused on a buffer with a hook pending. The hook keeps the buffer's memory alive: destroying
+ * the buffer first is allowed. A hook's errors (a dead peer, a timeout) are the transfer's,
+ * naming the peer; the communicator is then broken.
+ *
+ * Cost. The receiver cannot size a receive before the data comes, so dispatch sends every peer
+ * a fixed message of 8 + maxTokensPerRank * record bytes, record = 8-byte aligned (token bytes
+ * (hidden * 2 or 4, or hidden + hidden / 128 * 4 or 1 with FP8) + 4 + 4 * topk), whatever the
+ * number of tokens for that peer: nranks * that per dispatch, sent and received, with each token
+ * travelling once per rank (not once per expert) and fanned out to the rank's experts on
+ * arrival. Combine knows its counts from the handle and sends exactly one row per (token,
+ * expert) pair.
+ *
+ * Checks and errors follow the normal mode's rules (agreement before any token moves; a call
+ * refused on one rank is refused on every rank; the communicator stays usable): more than
+ * maxTokensPerRank tokens, an expert outside [-1, numExperts) or named twice by one token (naming
+ * the token and slot), hidden not a multiple of 128 with FP8, a buffer smaller than the hint
+ * (naming the hint), maxTokensPerRank, hidden, topk, numExperts, datatype or the FP8 options
+ * differing between ranks: ncclInvalidArgument. Both slots taken, a normal-mode call with a hook
+ * pending, combining a handle whose dispatch hook has not run: ncclInvalidUsage on the rank
+ * concerned (ncclInvalidArgument naming it on the others).
+ */
+
+/* A buffer size for low-latency calls of up to maxTokensPerRank tokens per rank of `hidden`
+ * channels, numExperts experts and topk slots, two in flight. Local, no communication. */
+ncclResult_t chorusEpLowLatencySizeHint(int nranks, size_t maxTokensPerRank, size_t hidden,
+                                        int numExperts, int topk, size_t* bytes);
+
+typedef struct chorusEpHook* chorusEpHook_t;
+
+typedef struct {
+  const void* x;             /* [numTokens, hidden] of datatype (NULL only if numTokens == 0) */
+  ncclDataType_t datatype;   /* ncclBfloat16 or ncclFloat32 */
+  size_t numTokens;          /* 0 .. maxTokensPerRank */
+  size_t hidden;             /* the same on every rank, > 0; a multiple of 128 with useFp8 */
+  const int64_t* topkIdx;    /* [numTokens, topk]: experts in [0, numExperts), or -1 */
+  int topk;                  /* 1..1024, the same on every rank */
+  int numExperts;            /* a multiple of nranks, the same on every rank */
+  size_t maxTokensPerRank;   /* > 0, the same on every rank */
+  int useFp8;                /* cast to FP8 E4M3, one scale per 128 channels */
+  int roundScale;            /* useFp8: scales rounded up to powers of two */
+  int useUe8m0;              /* useFp8: scales as UE8M0 bytes (implies roundScale) */
+} chorusEpLowLatencyDispatchArgs_t;
+
+typedef struct {
+  void* recvX;               /* [L, R, hidden] (see the layouts above) */
+  void* recvXScales;         /* useFp8: [L, R, hidden / 128] float or uint8; else NULL */
+  int* recvCount;            /* [L] */
+  int64_t* recvSrcInfo;      /* [L, R], or NULL (not wanted) */
+} chorusEpLowLatencyDispatchOutput_t;
+
+/* DeepEP's low_latency_dispatch: sends each token to the ranks of its experts and lays out what
+ * arrives per local expert (see above); *handle receives what combine needs. With returnRecvHook
+ * the outputs are written by chorusEpHookWait(*hook); without, *hook is set to NULL (hook may
+ * then be NULL). Collective. */
+ncclResult_t chorusEpLowLatencyDispatch(chorusEpBuffer_t buffer,
+                                        const chorusEpLowLatencyDispatchArgs_t* args,
+                                        chorusEpLowLatencyDispatchOutput_t* out,
+                                        int returnRecvHook, chorusEpHandle_t* handle,
+                                        chorusEpHook_t* hook);
+
+/* DeepEP's low_latency_combine: x [L, R, hidden] of datatype (ncclBfloat16 or ncclFloat32) ->
+ * combinedX [numTokens, hidden] of datatype, the weighted sum above with topkWeights
+ * [numTokens, topk] (read during the call). The handle may be combined any number of times.
+ * With returnRecvHook combinedX is written by chorusEpHookWait(*hook). Collective. */
+ncclResult_t chorusEpLowLatencyCombine(chorusEpBuffer_t buffer, chorusEpHandle_t handle,
+                                       const void* x, ncclDataType_t datatype,
+                                       const float* topkWeights, void* combinedX,
+                                       int returnRecvHook, chorusEpHook_t* hook);
+
+/* Waits for the data of the call that returned `hook`, writes that call's outputs and frees
+ * the hook (also when it fails). Waits are bounded by the communicator's timeout; a dead peer
+ * fails it with ncclRemoteError/ncclSystemError naming the peer. Local. */
+ncclResult_t chorusEpHookWait(chorusEpHook_t hook);
 
 #ifdef __cplusplus
 } /* extern "C" */

@@ -12,6 +12,7 @@
 
 #include "api/api_util.h"
 #include "ep/buffer.h"
+#include "ep/low_latency.h"
 #include "ep/routing.h"
 
 using namespace chorus;       // NOLINT
@@ -32,6 +33,17 @@ std::unordered_map<chorusEpHandle_t, std::shared_ptr<ep::Handle>>& handles() {
   return *map;
 }
 
+// Low-latency handles (chorusEpHandle_t too) and hooks.
+std::unordered_map<chorusEpHandle_t, std::shared_ptr<ep::LowLatencyHandle>>& ll_handles() {
+  static auto* map =
+      new std::unordered_map<chorusEpHandle_t, std::shared_ptr<ep::LowLatencyHandle>>();
+  return *map;
+}
+std::unordered_map<chorusEpHook_t, std::unique_ptr<ep::LowLatencyCall>>& hooks() {
+  static auto* map = new std::unordered_map<chorusEpHook_t, std::unique_ptr<ep::LowLatencyCall>>();
+  return *map;
+}
+
 Result<std::shared_ptr<ep::Buffer>> find_buffer(chorusEpBuffer_t handle) {
   if (handle == nullptr) return invalid_argument("buffer is NULL");
   std::lock_guard<std::mutex> lock(g_mutex);
@@ -46,10 +58,34 @@ Result<std::shared_ptr<ep::Handle>> find_handle(chorusEpHandle_t handle) {
   if (handle == nullptr) return invalid_argument("handle is NULL");
   std::lock_guard<std::mutex> lock(g_mutex);
   auto it = handles().find(handle);
-  if (it == handles().end())
-    return invalid_argument("handle {} is not a live chorusEpHandle_t (destroyed?)",
+  if (it != handles().end()) return it->second;
+  if (ll_handles().count(handle) != 0)
+    return invalid_argument(
+        "handle {} comes from a low-latency dispatch (chorusEpLowLatencyDispatch)",
+        static_cast<void*>(handle));
+  return invalid_argument("handle {} is not a live chorusEpHandle_t (destroyed?)",
+                          static_cast<void*>(handle));
+}
+
+Result<std::shared_ptr<ep::LowLatencyHandle>> find_ll_handle(chorusEpHandle_t handle) {
+  if (handle == nullptr) return invalid_argument("handle is NULL");
+  std::lock_guard<std::mutex> lock(g_mutex);
+  auto it = ll_handles().find(handle);
+  if (it != ll_handles().end()) return it->second;
+  if (handles().count(handle) != 0)
+    return invalid_argument("handle {} comes from a normal-mode dispatch (chorusEpDispatch)",
                             static_cast<void*>(handle));
-  return it->second;
+  return invalid_argument("handle {} is not a live chorusEpHandle_t (destroyed?)",
+                          static_cast<void*>(handle));
+}
+
+// Normal-mode calls share the staging area with low-latency calls in flight.
+Status check_no_hook(const ep::Buffer& b) {
+  if (b.any_slot_taken())
+    return invalid_usage(
+        "a low-latency call on this buffer is in flight (its hook not waited): normal-mode calls "
+        "share its memory");
+  return Status();
 }
 
 Status check_topk(int topk) {
@@ -95,6 +131,38 @@ Status check_dispatch(const ep::Buffer& b, const chorusEpDispatchArgs_t& a, int 
   if (out.recvCapacity > 0 && out.recvX == nullptr) return invalid_argument("recvX is NULL");
   if (out.recvCapacity > 0 && fp8 && out.recvXScales == nullptr)
     return invalid_argument("recvXScales is NULL with FP8 tokens");
+  return Status();
+}
+
+// The low-latency dispatch checks that need no token data.
+Status check_ll_dispatch(const ep::Buffer& b, const chorusEpLowLatencyDispatchArgs_t& a,
+                         int datatype, const chorusEpLowLatencyDispatchOutput_t& out) {
+  if (datatype != ncclFloat32 && datatype != ncclBfloat16)
+    return invalid_argument(
+        "datatype {} is not supported by low-latency dispatch (ncclBfloat16 or ncclFloat32)",
+        datatype);
+  CHORUS_RETURN_IF_ERROR(check_topk(a.topk));
+  CHORUS_RETURN_IF_ERROR(ep::check_experts(a.numExperts, b.nranks()));
+  if (a.hidden == 0 || a.hidden > (size_t{1} << 30))
+    return invalid_argument("hidden {} is not in [1, 2^30]", a.hidden);
+  if (a.maxTokensPerRank == 0 || a.maxTokensPerRank > static_cast<size_t>(INT32_MAX))
+    return invalid_argument("maxTokensPerRank {} is not in [1, {}]", a.maxTokensPerRank, INT32_MAX);
+  if (a.numTokens > a.maxTokensPerRank)
+    return invalid_argument("numTokens {} is more than maxTokensPerRank {}", a.numTokens,
+                            a.maxTokensPerRank);
+  const bool fp8 = a.useFp8 != 0;
+  if (fp8 && a.hidden % CHORUS_EP_FP8_BLOCK != 0)
+    return invalid_argument(
+        "hidden {} is not a multiple of {}: FP8 tokens carry one scale per {} channels", a.hidden,
+        CHORUS_EP_FP8_BLOCK, CHORUS_EP_FP8_BLOCK);
+  if (!fp8 && (a.roundScale != 0 || a.useUe8m0 != 0))
+    return invalid_argument("roundScale and useUe8m0 apply to FP8 only (useFp8 is 0)");
+  if (a.numTokens > 0 && (a.x == nullptr || a.topkIdx == nullptr))
+    return invalid_argument("x or topkIdx is NULL with {} tokens", a.numTokens);
+  if (out.recvX == nullptr || out.recvCount == nullptr)
+    return invalid_argument("recvX or recvCount is NULL");
+  if (fp8 != (out.recvXScales != nullptr))
+    return invalid_argument("recvXScales must be given with useFp8, and only then");
   return Status();
 }
 
@@ -176,6 +244,7 @@ CHORUS_API ncclResult_t chorusEpDispatch(chorusEpBuffer_t buffer,
     chorusEpDispatchOutput_t& o = out != nullptr ? *out : dummy;
     const int datatype = enum_bits(a.datatype);
     if (st.ok()) st = check_dispatch(*b, a, datatype, o);
+    if (st.ok()) st = check_no_hook(*b);
     CHORUS_ASSIGN_OR_RETURN(std::unique_ptr<ep::Handle> h,
                             b->dispatch(a, datatype, o, std::move(st)));
     auto key = reinterpret_cast<chorusEpHandle_t>(h.get());
@@ -204,6 +273,7 @@ CHORUS_API ncclResult_t chorusEpCombine(chorusEpBuffer_t buffer, chorusEpHandle_
     if (st.ok() && dtype != ncclFloat32 && dtype != ncclBfloat16)
       st = invalid_argument("datatype {} is not supported by combine (ncclFloat32 or ncclBfloat16)",
                             dtype);
+    if (st.ok()) st = check_no_hook(*b);
     if (st.ok() && h.num_recv_tokens > 0 && x == nullptr)
       st = invalid_argument("x is NULL with {} received tokens", h.num_recv_tokens);
     if (st.ok() && h.num_tokens > 0 && combinedX == nullptr)
@@ -229,9 +299,124 @@ CHORUS_API ncclResult_t chorusEpCombine(chorusEpBuffer_t buffer, chorusEpHandle_
 
 CHORUS_API ncclResult_t chorusEpHandleDestroy(chorusEpHandle_t handle) {
   return guard("chorusEpHandleDestroy", [&]() -> Status {
+    {
+      std::lock_guard<std::mutex> lock(g_mutex);
+      if (ll_handles().erase(handle) != 0) return Status();
+    }
     CHORUS_ASSIGN_OR_RETURN(auto h, find_handle(handle));
     std::lock_guard<std::mutex> lock(g_mutex);
     handles().erase(handle);
     return Status();
+  });
+}
+
+CHORUS_API ncclResult_t chorusEpLowLatencySizeHint(int nranks, size_t maxTokensPerRank,
+                                                   size_t hidden, int numExperts, int topk,
+                                                   size_t* bytes) {
+  return guard("chorusEpLowLatencySizeHint", [&]() -> Status {
+    if (bytes == nullptr) return invalid_argument("bytes is NULL");
+    if (nranks < 1) return invalid_argument("nranks is {}", nranks);
+    CHORUS_RETURN_IF_ERROR(check_topk(topk));
+    CHORUS_RETURN_IF_ERROR(ep::check_experts(numExperts, nranks));
+    if (hidden == 0 || hidden > (size_t{1} << 30))
+      return invalid_argument("hidden {} is not in [1, 2^30]", hidden);
+    if (maxTokensPerRank == 0 || maxTokensPerRank > static_cast<size_t>(INT32_MAX))
+      return invalid_argument("maxTokensPerRank {} is not in [1, {}]", maxTokensPerRank, INT32_MAX);
+    CHORUS_ASSIGN_OR_RETURN(
+        *bytes, ep::low_latency_size_hint(nranks, maxTokensPerRank, hidden, numExperts, topk));
+    return Status();
+  });
+}
+
+CHORUS_API ncclResult_t chorusEpLowLatencyDispatch(chorusEpBuffer_t buffer,
+                                                   const chorusEpLowLatencyDispatchArgs_t* args,
+                                                   chorusEpLowLatencyDispatchOutput_t* out,
+                                                   int returnRecvHook, chorusEpHandle_t* handle,
+                                                   chorusEpHook_t* hook) {
+  return guard("chorusEpLowLatencyDispatch", [&]() -> Status {
+    CHORUS_ASSIGN_OR_RETURN(auto b, find_buffer(buffer));
+    Status st;
+    if (args == nullptr || out == nullptr || handle == nullptr)
+      st = invalid_argument("args, out or handle is NULL");
+    else if (returnRecvHook != 0 && hook == nullptr)
+      st = invalid_argument("hook is NULL with returnRecvHook");
+    if (handle != nullptr) *handle = nullptr;
+    if (hook != nullptr) *hook = nullptr;
+    const chorusEpLowLatencyDispatchArgs_t a =
+        args != nullptr ? *args : chorusEpLowLatencyDispatchArgs_t{};
+    const chorusEpLowLatencyDispatchOutput_t o =
+        out != nullptr ? *out : chorusEpLowLatencyDispatchOutput_t{};
+    const int datatype = enum_bits(a.datatype);
+    if (st.ok()) st = check_ll_dispatch(*b, a, datatype, o);
+    std::shared_ptr<ep::LowLatencyHandle> h;
+    std::unique_ptr<ep::LowLatencyCall> call;
+    CHORUS_RETURN_IF_ERROR(ep::low_latency_dispatch(b, a, datatype, o, std::move(st), &h, &call));
+    // Blocking, the handle is handed out only once the outputs are complete.
+    if (returnRecvHook == 0) CHORUS_RETURN_IF_ERROR(call->complete());
+    auto key = reinterpret_cast<chorusEpHandle_t>(h.get());
+    std::lock_guard<std::mutex> lock(g_mutex);
+    ll_handles()[key] = std::move(h);
+    *handle = key;
+    if (returnRecvHook != 0) {
+      *hook = reinterpret_cast<chorusEpHook_t>(call.get());
+      hooks()[*hook] = std::move(call);
+    }
+    return Status();
+  });
+}
+
+CHORUS_API ncclResult_t chorusEpLowLatencyCombine(chorusEpBuffer_t buffer, chorusEpHandle_t handle,
+                                                  const void* x, ncclDataType_t datatype,
+                                                  const float* topkWeights, void* combinedX,
+                                                  int returnRecvHook, chorusEpHook_t* hook) {
+  return guard("chorusEpLowLatencyCombine", [&]() -> Status {
+    CHORUS_ASSIGN_OR_RETURN(auto b, find_buffer(buffer));
+    if (hook != nullptr) *hook = nullptr;
+    // A bad handle is refused on this rank after the agreement, like every other argument.
+    auto found = find_ll_handle(handle);
+    Status st = found.status();
+    std::shared_ptr<ep::LowLatencyHandle> h = found.ok() ? found.value() : nullptr;
+    const int dtype = enum_bits(datatype);
+    if (st.ok() && h->buffer_id != b->id())
+      st = invalid_argument("handle {} comes from the dispatch of another buffer",
+                            static_cast<void*>(handle));
+    if (st.ok() && !h->complete)
+      st = invalid_usage("handle {}: its dispatch's hook has not been waited",
+                         static_cast<void*>(handle));
+    if (st.ok() && dtype != ncclFloat32 && dtype != ncclBfloat16)
+      st = invalid_argument(
+          "datatype {} is not supported by low-latency combine (ncclBfloat16 or ncclFloat32)",
+          dtype);
+    if (st.ok() && !h->recv_rows.empty() && x == nullptr)
+      st = invalid_argument("x is NULL with {} rows received", h->recv_rows.size());
+    if (st.ok() && h->num_tokens > 0 && (topkWeights == nullptr || combinedX == nullptr))
+      st = invalid_argument("topkWeights or combinedX is NULL with {} tokens", h->num_tokens);
+    if (st.ok() && returnRecvHook != 0 && hook == nullptr)
+      st = invalid_argument("hook is NULL with returnRecvHook");
+    std::unique_ptr<ep::LowLatencyCall> call;
+    CHORUS_RETURN_IF_ERROR(
+        ep::low_latency_combine(b, h, x, dtype, topkWeights, combinedX, std::move(st), &call));
+    if (returnRecvHook == 0) return call->complete();
+    *hook = reinterpret_cast<chorusEpHook_t>(call.get());
+    std::lock_guard<std::mutex> lock(g_mutex);
+    hooks()[*hook] = std::move(call);
+    return Status();
+  });
+}
+
+CHORUS_API ncclResult_t chorusEpHookWait(chorusEpHook_t hook) {
+  return guard("chorusEpHookWait", [&]() -> Status {
+    if (hook == nullptr) return invalid_argument("hook is NULL");
+    std::unique_ptr<ep::LowLatencyCall> call;
+    {
+      std::lock_guard<std::mutex> lock(g_mutex);
+      auto it = hooks().find(hook);
+      if (it == hooks().end())
+        return invalid_argument("hook {} is not a live chorusEpHook_t (waited already?)",
+                                static_cast<void*>(hook));
+      call = std::move(it->second);
+      hooks().erase(it);
+    }
+    return call->complete();
   });
 }

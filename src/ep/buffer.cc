@@ -73,6 +73,15 @@ Result<std::unique_ptr<Buffer>> Buffer::create(ncclComm_t comm, size_t bytes) {
   return std::unique_ptr<Buffer>(new Buffer(comm, rank, nranks, bytes, std::move(areas)));
 }
 
+int Buffer::take_slot() {
+  for (int i = 0; i < kSlots; ++i)
+    if (!slot_taken_[i]) {
+      slot_taken_[i] = true;
+      return i;
+    }
+  return -1;
+}
+
 Status Buffer::agree(const char* call, Status mine, const std::vector<int64_t>& facts,
                      const std::vector<const char*>& names) {
   const size_t width = facts.size() + 1;

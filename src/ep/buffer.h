@@ -66,13 +66,26 @@ class Buffer {
                  const float* topk_weights, void* combined_x, float* combined_weights,
                  Status refused);
 
- private:
-  Buffer(ncclComm_t comm, int rank, int nranks, size_t bytes, std::unique_ptr<PeerAreas> areas);
   // Every rank's verdict, and `facts` (values that must be equal on every rank, named by
   // `names`; kAnyValue on a rank: no constraint there), gathered; the call's Status here.
   static constexpr int64_t kAnyValue = INT64_MIN;
   Status agree(const char* call, Status mine, const std::vector<int64_t>& facts,
                const std::vector<const char*>& names);
+
+  // Low-latency mode (low_latency.h) uses the staging area as two slots of bytes() / 2 (64-byte
+  // aligned), one per call in flight. A slot is taken until its call completes.
+  static constexpr int kSlots = 2;
+  ncclComm_t comm() const { return comm_; }
+  size_t bytes() const { return bytes_; }
+  size_t slot_bytes() const { return bytes_ / kSlots / 64 * 64; }
+  char* slot(int i) { return areas_->local() + static_cast<size_t>(i) * slot_bytes(); }
+  // A free slot, now taken, or -1.
+  int take_slot();
+  void free_slot(int i) { slot_taken_[static_cast<size_t>(i)] = false; }
+  bool any_slot_taken() const { return slot_taken_[0] || slot_taken_[1]; }
+
+ private:
+  Buffer(ncclComm_t comm, int rank, int nranks, size_t bytes, std::unique_ptr<PeerAreas> areas);
   // Moves every token to its ranks. Row s of `counts` (nranks + hosts wide): the tokens rank s
   // sends to each rank, then to each host's forwarder (PeerAreas::forwarder).
   Status send_tokens(const chorusEpDispatchArgs_t& args, size_t elem, size_t record,
@@ -86,6 +99,7 @@ class Buffer {
   uint64_t id_;
   size_t bytes_;
   std::unique_ptr<PeerAreas> areas_;  // the staging area, shared with same-host peers
+  bool slot_taken_[kSlots] = {false, false};
 };
 
 }  // namespace chorus::ep

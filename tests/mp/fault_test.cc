@@ -834,3 +834,72 @@ TEST_CASE("SIGKILL during EP dispatch and combine over shared memory: survivors 
   }
   CHECK(named);
 }
+
+// The same for the low-latency mode with hooks: dispatch and combine return once posted, and the
+// hook that waits fails, or the next call's agreement, naming the dead rank.
+TEST_CASE("SIGKILL during EP low-latency calls with hooks over shared memory: survivors fail "
+          "naming it",
+          "[mp][fault][shm][ep]") {
+  const int nranks = 3, victim = 1;
+  const size_t tokens = 32, hidden = 256;
+  const int topk = 2, experts = 2 * nranks;
+  Children children;
+  spawn(&children, nranks, {"CHORUS_TRANSPORT=SHM", "CHORUS_TIMEOUT_MS=60000"},
+        [&](const ChildEnv& env) -> std::string {
+          ncclComm_t comm = init(env.id, nranks, env.rank);
+          if (comm == nullptr) return "init=failed msg=" + last_error();
+          size_t bytes = 0;
+          chorusEpBuffer_t buf = nullptr;
+          if (chorusEpLowLatencySizeHint(nranks, tokens, hidden, experts, topk, &bytes) != ncclSuccess ||
+              chorusEpBufferCreate(comm, bytes, &buf) != ncclSuccess)
+            return "init=failed msg=" + last_error();
+          std::vector<float> x(tokens * hidden, 0.25f), w(tokens * topk, 0.5f);
+          std::vector<int64_t> idx(tokens * topk);
+          for (size_t t = 0; t < tokens; ++t) {
+            idx[t * 2] = static_cast<int64_t>(t % experts);
+            idx[t * 2 + 1] = static_cast<int64_t>((t + 1) % experts);
+          }
+          const size_t rows = 2 * nranks * tokens;  // L * R
+          std::vector<float> rx(rows * hidden), y(rows * hidden, 1.0f), out(tokens * hidden);
+          std::vector<int> count(2);
+          chorusEpLowLatencyDispatchArgs_t a{};
+          a.x = x.data(), a.datatype = ncclFloat32, a.numTokens = tokens, a.hidden = hidden;
+          a.topkIdx = idx.data(), a.topk = topk, a.numExperts = experts, a.maxTokensPerRank = tokens;
+          chorusEpLowLatencyDispatchOutput_t o{};
+          o.recvX = rx.data(), o.recvCount = count.data();
+          ncclResult_t r = ncclSuccess;
+          int iterations = 0;
+          for (; r == ncclSuccess && iterations < 1000000; ++iterations) {
+            if (iterations == 8) env.ready();
+            chorusEpHandle_t h = nullptr;
+            chorusEpHook_t hook = nullptr;
+            r = chorusEpLowLatencyDispatch(buf, &a, &o, 1, &h, &hook);
+            if (r == ncclSuccess) r = chorusEpHookWait(hook);
+            if (r == ncclSuccess)
+              r = chorusEpLowLatencyCombine(buf, h, y.data(), ncclFloat32, w.data(), out.data(), 1,
+                                            &hook);
+            if (r == ncclSuccess) r = chorusEpHookWait(hook);
+            if (h != nullptr) chorusEpHandleDestroy(h);
+          }
+          const std::string msg = last_error();
+          chorusEpBufferDestroy(buf);
+          ncclCommAbort(comm);
+          return fmt::format("result={} iters={} msg={}", static_cast<int>(r), iterations, msg);
+        });
+  REQUIRE(wait_ready(children[victim], 60000));
+  std::this_thread::sleep_for(std::chrono::milliseconds(30));
+  kill(children[victim].pid, SIGKILL);
+  collect(&children, 120000);
+  bool named = false;
+  for (int r = 0; r < nranks; ++r) {
+    if (r == victim) continue;
+    INFO("rank " << r << ": " << children[r].report);
+    auto kv = parse(children[r].report);
+    REQUIRE(kv.count("result"));
+    CHECK(kv["result"] == std::to_string(ncclRemoteError));
+    CHECK(kv["msg"].find("chorusEp") != std::string::npos);
+    named |= kv["msg"].find(fmt::format("pid {}", children[victim].pid)) != std::string::npos;
+    CHECK(WIFEXITED(children[r].status));
+  }
+  CHECK(named);
+}

@@ -275,6 +275,10 @@ TEST_CASE("ep dispatch and combine over shared memory with 2 ranks", "[mp][shm][
 TEST_CASE("ep dispatch and combine over shared memory with 4 ranks", "[mp][shm][ep]") { run_workers(4, "SHM", "ep"); }
 TEST_CASE("ep dispatch and combine over TCP with 2 ranks", "[mp][tcp][ep]") { run_workers(2, "TCP", "ep"); }
 TEST_CASE("ep dispatch and combine over TCP with 4 ranks", "[mp][tcp][ep]") { run_workers(4, "TCP", "ep"); }
+// Low-latency mode (tests/support/ep_ll_check.h): the matrix, two micro-batches with hooks, bad input.
+TEST_CASE("ep low latency over shared memory with 2 ranks", "[mp][shm][ep]") { run_workers(2, "SHM", "ep-ll"); }
+TEST_CASE("ep low latency over shared memory with 4 ranks", "[mp][shm][ep]") { run_workers(4, "SHM", "ep-ll"); }
+TEST_CASE("ep low latency over TCP with 2 ranks", "[mp][tcp][ep]") { run_workers(2, "TCP", "ep-ll"); }
 
 // UCX: Chorus's ucx transport between every pair of processes, over UCX's tcp transport on the
 // loopback device and over UCX's choice among its shared-memory transports.

@@ -29,6 +29,8 @@
 //   chorus_mp_worker ep                   MoE dispatch and combine (ep_check.h): every routing
 //                                         and datatype checked against each rank's own
 //                                         reference; bad input refused on every rank.
+//   chorus_mp_worker ep-ll                the same in low-latency mode (ep_ll_check.h), and two
+//                                         micro-batches in flight with hooks.
 //   chorus_mp_worker topology file|measured|refused
 //                                         CHORUS_TOPO_FILE at creation: the cost model the
 //                                         file's, measured, or creation refused on every rank.
@@ -56,6 +58,7 @@
 #include "support/coll_check.h"
 #include "support/compress_check.h"
 #include "support/ep_check.h"
+#include "support/ep_ll_check.h"
 #include "support/identical_check.h"
 #include "support/test_hosts.h"
 #if CHORUS_MP_VERBS
@@ -495,6 +498,12 @@ int main(int argc, char** argv) {
   }
   if (std::strcmp(argv[1], "ep") == 0) {
     std::string f = check_ep_matrix(comm, 4242) + check_ep_bad_input(comm);
+    if (!f.empty()) fmt::print(stderr, "rank {}:\n{}", rank, f);
+    rc = f.empty() ? 0 : 1;
+  }
+  if (std::strcmp(argv[1], "ep-ll") == 0) {
+    std::string f = check_ep_ll_matrix(comm, 4343) + check_ep_ll_hooks(comm, 4344) +
+                    check_ep_ll_bad_input(comm);
     if (!f.empty()) fmt::print(stderr, "rank {}:\n{}", rank, f);
     rc = f.empty() ? 0 : 1;
   }
