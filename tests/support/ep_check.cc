@@ -5,6 +5,7 @@
 // index), with which local indices and weights; and, at the source, each token's weighted sum
 // of expert outputs over the ranks it went to.
 #include "support/ep_check.h"
+#include "support/ep_routing.h"
 
 #include <chorus/ep.h>
 #include <fmt/format.h>
@@ -75,44 +76,17 @@ struct RankInput {
   std::vector<float> w;
 };
 
-// Up to `want` distinct experts of `pool`, drawn with weights `weight` (empty: uniform).
-std::vector<int64_t> draw(std::mt19937_64& gen, const std::vector<int64_t>& pool,
-                          const std::vector<double>& weight, size_t want) {
-  std::vector<int64_t> left = pool;
-  std::vector<double> wl = weight.empty() ? std::vector<double>(pool.size(), 1.0) : weight;
-  std::vector<int64_t> out;
-  while (out.size() < want && !left.empty()) {
-    std::discrete_distribution<size_t> d(wl.begin(), wl.end());
-    const size_t i = d(gen);
-    out.push_back(left[i]);
-    left.erase(left.begin() + static_cast<long>(i));
-    wl.erase(wl.begin() + static_cast<long>(i));
-  }
-  return out;
-}
-
 std::vector<int64_t> route_token(const EpCase& c, int nranks, std::mt19937_64& gen) {
   const int64_t experts = static_cast<int64_t>(c.local_experts) * nranks;
-  std::vector<int64_t> pool;
-  std::vector<double> weight;
-  size_t want = static_cast<size_t>(c.topk);
-  const int64_t limit = c.routing == Routing::kSomeReceiveNothing
-                            ? static_cast<int64_t>(c.local_experts) * ((nranks + 1) / 2)
-                            : experts;
-  const int64_t hot = experts - 1;  // on the last rank
-  for (int64_t e = 0; e < limit; ++e) {
-    if (c.routing == Routing::kHotExpert && e == hot) continue;
-    pool.push_back(e);
-    if (c.routing == Routing::kSkewed)
-      weight.push_back(1.0 / std::pow(static_cast<double>(e + 1), 1.5));
-  }
-  if (c.routing == Routing::kFewerThanTopk) want = gen() % (want + 1);
-  if (c.routing == Routing::kHotExpert) --want;
-  std::vector<int64_t> slots = draw(gen, pool, weight, want);
-  if (c.routing == Routing::kHotExpert) slots.push_back(hot);
-  slots.resize(static_cast<size_t>(c.topk), -1);
-  std::shuffle(slots.begin(), slots.end(), gen);
-  return slots;
+  TokenRouting r;
+  r.topk = c.topk;
+  r.experts = c.routing == Routing::kSomeReceiveNothing
+                  ? static_cast<int64_t>(c.local_experts) * ((nranks + 1) / 2)
+                  : experts;
+  r.skewed = c.routing == Routing::kSkewed;
+  r.fewer_than_topk = c.routing == Routing::kFewerThanTopk;
+  r.hot = c.routing == Routing::kHotExpert ? experts - 1 : -1;  // on the last rank
+  return chorus::test::route_token(r, gen);
 }
 
 RankInput make_input(const EpCase& c, int rank, int nranks) {

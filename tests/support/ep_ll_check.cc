@@ -5,6 +5,7 @@
 // rank, then token index. The "experts" write a value computed from the row's expert and source
 // info, so each source knows every row that comes back to it, even from FP8 tokens.
 #include "support/ep_ll_check.h"
+#include "support/ep_routing.h"
 
 #include <chorus/ep.h>
 #include <fmt/format.h>
@@ -91,40 +92,14 @@ struct RankInput {
   std::vector<float> w;
 };
 
-// Up to `want` distinct experts of `pool`, drawn with weights `weight` (empty: uniform).
-std::vector<int64_t> draw(std::mt19937_64& gen, std::vector<int64_t> pool,
-                          std::vector<double> weight, size_t want) {
-  if (weight.empty()) weight.assign(pool.size(), 1.0);
-  std::vector<int64_t> out;
-  while (out.size() < want && !pool.empty()) {
-    std::discrete_distribution<size_t> d(weight.begin(), weight.end());
-    const size_t i = d(gen);
-    out.push_back(pool[i]);
-    pool.erase(pool.begin() + static_cast<long>(i));
-    weight.erase(weight.begin() + static_cast<long>(i));
-  }
-  return out;
-}
-
 std::vector<int64_t> route_token(const LlCase& c, int nranks, std::mt19937_64& gen) {
-  const int64_t experts = static_cast<int64_t>(c.local_experts) * nranks;
-  const int64_t hot = experts - 1;  // on the last rank
-  std::vector<int64_t> pool;
-  std::vector<double> weight;
-  for (int64_t e = 0; e < experts; ++e) {
-    if (c.routing == Routing::kHotExpert && e == hot) continue;
-    pool.push_back(e);
-    if (c.routing == Routing::kSkewed)
-      weight.push_back(1.0 / std::pow(static_cast<double>(e + 1), 1.5));
-  }
-  size_t want = static_cast<size_t>(c.topk);
-  if (c.routing == Routing::kMinusOneSlots) want = gen() % (want + 1);
-  if (c.routing == Routing::kHotExpert) --want;
-  std::vector<int64_t> slots = draw(gen, pool, weight, want);
-  if (c.routing == Routing::kHotExpert) slots.push_back(hot);
-  slots.resize(static_cast<size_t>(c.topk), -1);
-  std::shuffle(slots.begin(), slots.end(), gen);
-  return slots;
+  TokenRouting r;
+  r.topk = c.topk;
+  r.experts = static_cast<int64_t>(c.local_experts) * nranks;
+  r.skewed = c.routing == Routing::kSkewed;
+  r.fewer_than_topk = c.routing == Routing::kMinusOneSlots;
+  r.hot = c.routing == Routing::kHotExpert ? r.experts - 1 : -1;  // on the last rank
+  return chorus::test::route_token(r, gen);
 }
 
 RankInput make_input(const LlCase& c, int rank, int nranks) {
