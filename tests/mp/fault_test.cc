@@ -770,6 +770,32 @@ TEST_CASE("ncclCommAbort stops a non-blocking initialisation waiting for a missi
   fmt::print("fault: ncclCommAbort of an initialising communicator returned in {} ms\n", took);
 }
 
+namespace {
+
+// The end of the EP fault tests: kills `victim` once it has looped a while, then checks that
+// every survivor's EP call failed with ncclRemoteError and that one of them named the victim's pid.
+void kill_and_expect_ep_failures(Children* children, int nranks, int victim) {
+  Children& c = *children;
+  REQUIRE(wait_ready(c[victim], 60000));
+  std::this_thread::sleep_for(std::chrono::milliseconds(30));
+  kill(c[victim].pid, SIGKILL);
+  collect(children, 120000);
+  bool named = false;
+  for (int r = 0; r < nranks; ++r) {
+    if (r == victim) continue;
+    INFO("rank " << r << ": " << c[r].report);
+    auto kv = parse(c[r].report);
+    REQUIRE(kv.count("result"));
+    CHECK(kv["result"] == std::to_string(ncclRemoteError));
+    CHECK(kv["msg"].find("chorusEp") != std::string::npos);
+    named |= kv["msg"].find(fmt::format("pid {}", c[victim].pid)) != std::string::npos;
+    CHECK(WIFEXITED(c[r].status));
+  }
+  CHECK(named);
+}
+
+}  // namespace
+
 // MoE dispatch and combine (include/chorus/ep.h) in a loop on 3 ranks; one is killed in the
 // middle. Whichever step the survivors are in (the count exchange, the agreement, the token
 // transfers), the call fails with ncclRemoteError, and a survivor names the dead rank's pid.
@@ -817,22 +843,7 @@ TEST_CASE("SIGKILL during EP dispatch and combine over shared memory: survivors 
           ncclCommAbort(comm);
           return fmt::format("result={} iters={} msg={}", static_cast<int>(r), iterations, msg);
         });
-  REQUIRE(wait_ready(children[victim], 60000));
-  std::this_thread::sleep_for(std::chrono::milliseconds(30));
-  kill(children[victim].pid, SIGKILL);
-  collect(&children, 120000);
-  bool named = false;
-  for (int r = 0; r < nranks; ++r) {
-    if (r == victim) continue;
-    INFO("rank " << r << ": " << children[r].report);
-    auto kv = parse(children[r].report);
-    REQUIRE(kv.count("result"));
-    CHECK(kv["result"] == std::to_string(ncclRemoteError));
-    CHECK(kv["msg"].find("chorusEp") != std::string::npos);
-    named |= kv["msg"].find(fmt::format("pid {}", children[victim].pid)) != std::string::npos;
-    CHECK(WIFEXITED(children[r].status));
-  }
-  CHECK(named);
+  kill_and_expect_ep_failures(&children, nranks, victim);
 }
 
 // The same for the low-latency mode with hooks: dispatch and combine return once posted, and the
@@ -886,20 +897,5 @@ TEST_CASE("SIGKILL during EP low-latency calls with hooks over shared memory: su
           ncclCommAbort(comm);
           return fmt::format("result={} iters={} msg={}", static_cast<int>(r), iterations, msg);
         });
-  REQUIRE(wait_ready(children[victim], 60000));
-  std::this_thread::sleep_for(std::chrono::milliseconds(30));
-  kill(children[victim].pid, SIGKILL);
-  collect(&children, 120000);
-  bool named = false;
-  for (int r = 0; r < nranks; ++r) {
-    if (r == victim) continue;
-    INFO("rank " << r << ": " << children[r].report);
-    auto kv = parse(children[r].report);
-    REQUIRE(kv.count("result"));
-    CHECK(kv["result"] == std::to_string(ncclRemoteError));
-    CHECK(kv["msg"].find("chorusEp") != std::string::npos);
-    named |= kv["msg"].find(fmt::format("pid {}", children[victim].pid)) != std::string::npos;
-    CHECK(WIFEXITED(children[r].status));
-  }
-  CHECK(named);
+  kill_and_expect_ep_failures(&children, nranks, victim);
 }
