@@ -135,16 +135,20 @@ Result<std::unique_ptr<Handle>> Buffer::dispatch(const chorusEpDispatchArgs_t& a
   // rank s sends to each rank, then how many it sends to each host's forwarder.
   const auto nh = static_cast<size_t>(areas_->num_hosts());
   const size_t width = n + nh;
-  std::vector<int64_t> mine(width, 0), counts(n * width, 0);
-  for (size_t q = 0; st.ok() && q < n; ++q) mine[q] = routing.per_rank[q];
+  // Tokens for each host this rank sends through a forwarder: those with an expert there.
+  std::vector<std::vector<size_t>> forwarded(nh);
   for (size_t h = 0; st.ok() && h < nh; ++h) {
     if (areas_->forwarder(rank_, static_cast<int>(h)) < 0) continue;
     const std::vector<int>& there = areas_->host_ranks(static_cast<int>(h));
     for (size_t t = 0; t < args.numTokens; ++t)
-      mine[n + h] += std::any_of(there.begin(), there.end(), [&](int q) {
-        return routing.in_rank[t * n + static_cast<size_t>(q)] != 0;
-      }) ? 1 : 0;
+      if (std::any_of(there.begin(), there.end(), [&](int q) {
+            return routing.in_rank[t * n + static_cast<size_t>(q)] != 0;
+          }))
+        forwarded[h].push_back(t);
   }
+  std::vector<int64_t> mine(width, 0), counts(n * width, 0);
+  for (size_t q = 0; st.ok() && q < n; ++q) mine[q] = routing.per_rank[q];
+  for (size_t h = 0; h < nh; ++h) mine[n + h] = static_cast<int64_t>(forwarded[h].size());
   ncclResult_t r = ncclAllGather(mine.data(), counts.data(), width, ncclInt64, comm_, nullptr);
   if (r != ncclSuccess) return from_nccl(r, "ncclAllGather of the EP token counts");
   const auto me = static_cast<size_t>(rank_);
@@ -183,7 +187,7 @@ Result<std::unique_ptr<Handle>> Buffer::dispatch(const chorusEpDispatchArgs_t& a
             {"hidden", "topk", "numExperts", "datatype"}));
 
   CHORUS_RETURN_IF_ERROR(
-      send_tokens(args, elem, record, routing, counts));
+      send_tokens(args, elem, record, routing, forwarded, counts));
   unpack(args, elem, record, num_recv, out);
 
   auto h = std::make_unique<Handle>();
@@ -207,7 +211,9 @@ Result<std::unique_ptr<Handle>> Buffer::dispatch(const chorusEpDispatchArgs_t& a
 }
 
 Status Buffer::send_tokens(const chorusEpDispatchArgs_t& args, size_t elem, size_t record,
-                           const Routing& routing, const std::vector<int64_t>& counts) {
+                           const Routing& routing,
+                           const std::vector<std::vector<size_t>>& forwarded_tokens,
+                           const std::vector<int64_t>& counts) {
   const auto n = static_cast<size_t>(nranks_);
   const auto nh = static_cast<size_t>(areas_->num_hosts());
   const size_t width = n + nh;
@@ -268,13 +274,8 @@ Status Buffer::send_tokens(const chorusEpDispatchArgs_t& args, size_t elem, size
   for (size_t h = 0; h < nh; ++h) {
     const int via = areas_->forwarder(rank_, static_cast<int>(h));
     if (via < 0) continue;
-    const std::vector<int>& there = areas_->host_ranks(static_cast<int>(h));
     const size_t first = send_at;
-    for (size_t t = 0; t < args.numTokens; ++t)
-      if (std::any_of(there.begin(), there.end(), [&](int q) {
-            return routing.in_rank[t * n + static_cast<size_t>(q)] != 0;
-          }))
-        write_record(t, send_area + send_at++ * record);
+    for (size_t t : forwarded_tokens[h]) write_record(t, send_area + send_at++ * record);
     sends.push_back({via, send_area + first * record, (send_at - first) * record});
   }
   size_t recv_at = 0;

@@ -86,10 +86,13 @@ class Buffer {
 
  private:
   Buffer(ncclComm_t comm, int rank, int nranks, size_t bytes, std::unique_ptr<PeerAreas> areas);
-  // Moves every token to its ranks. Row s of `counts` (nranks + hosts wide): the tokens rank s
-  // sends to each rank, then to each host's forwarder (PeerAreas::forwarder).
+  // Moves every token to its ranks. forwarded_tokens[h]: this rank's tokens for host h's
+  // forwarder (PeerAreas::forwarder), ascending. Row s of `counts` (nranks + hosts wide): the
+  // tokens rank s sends to each rank, then to each host's forwarder.
   Status send_tokens(const chorusEpDispatchArgs_t& args, size_t elem, size_t record,
-                     const Routing& routing, const std::vector<int64_t>& counts);
+                     const Routing& routing,
+                     const std::vector<std::vector<size_t>>& forwarded_tokens,
+                     const std::vector<int64_t>& counts);
   void unpack(const chorusEpDispatchArgs_t& args, size_t elem, size_t record, size_t num_recv,
               chorusEpDispatchOutput_t& out) const;
 
