@@ -53,13 +53,11 @@ Result<size_t> Buffer::size_hint(int nranks, size_t max_tokens, size_t hidden, i
   return static_cast<size_t>(bytes);
 }
 
-Buffer::Buffer(ncclComm_t comm, int rank, int nranks, size_t bytes,
-               std::unique_ptr<PeerAreas> areas)
+Buffer::Buffer(ncclComm_t comm, int rank, int nranks, std::unique_ptr<PeerAreas> areas)
     : comm_(comm),
       rank_(rank),
       nranks_(nranks),
       id_(g_next_id.fetch_add(1)),
-      bytes_(bytes),
       areas_(std::move(areas)) {}
 
 Result<std::unique_ptr<Buffer>> Buffer::create(ncclComm_t comm, size_t bytes) {
@@ -70,7 +68,7 @@ Result<std::unique_ptr<Buffer>> Buffer::create(ncclComm_t comm, size_t bytes) {
   if (r != ncclSuccess) return from_nccl(r, "ncclCommCount");
   CHORUS_ASSIGN_OR_RETURN(std::unique_ptr<PeerAreas> areas,
                           PeerAreas::create(comm, rank, nranks, bytes));
-  return std::unique_ptr<Buffer>(new Buffer(comm, rank, nranks, bytes, std::move(areas)));
+  return std::unique_ptr<Buffer>(new Buffer(comm, rank, nranks, std::move(areas)));
 }
 
 int Buffer::take_slot() {
@@ -171,14 +169,14 @@ Result<std::unique_ptr<Handle>> Buffer::dispatch(const chorusEpDispatchArgs_t& a
     st = invalid_argument("{} tokens arrive on rank {} but the outputs hold recvCapacity {} rows",
                           num_recv, rank_, out.recvCapacity);
   const size_t staged = num_sent + num_recv + num_forwarded_in;
-  if (st.ok() && staged * record > bytes_) {
+  if (st.ok() && staged * record > bytes()) {
     const size_t max_tokens = std::max(args.numTokens, (num_recv + n - 1) / n);
     auto hint = size_hint(nranks_, max_tokens, args.hidden, args.topk);
     st = invalid_argument(
         "rank {} sends {}, receives {} and forwards {} tokens of {} bytes: {} bytes of staging, "
         "more than the buffer's {}; a buffer of chorusEpBufferSizeHint(nranks {}, maxTokens {}, "
         "hidden {}, topk {}) = {} bytes allows it",
-        rank_, num_sent, num_recv, num_forwarded_in, record, staged * record, bytes_, nranks_,
+        rank_, num_sent, num_recv, num_forwarded_in, record, staged * record, bytes(), nranks_,
         max_tokens, args.hidden, args.topk, hint.ok() ? hint.value() : SIZE_MAX);
   }
   CHORUS_RETURN_IF_ERROR(
@@ -376,11 +374,11 @@ Status Buffer::combine(const Handle& h, const void* x, int datatype, bool with_w
   // odd-sized]. A writing peer finds both from the counts alone.
   const auto weights_at = [&](size_t rows) { return align8(rows * row); };
   const size_t need = weights_at(rows_back) + rows_back * weight_row;
-  if (st.ok() && need > bytes_)
+  if (st.ok() && need > bytes())
     st = invalid_argument(
         "combine brings {} rows of {} bytes back to rank {}: {} bytes of staging, more than the "
         "buffer's {}",
-        rows_back, row + weight_row, rank_, need, bytes_);
+        rows_back, row + weight_row, rank_, need, bytes());
   // A rank with nothing to send or receive constrains nothing: its weight messages are empty.
   const bool idle = h.num_tokens == 0 && h.num_recv_tokens == 0;
   CHORUS_RETURN_IF_ERROR(agree("chorusEpCombine", std::move(st),

@@ -76,8 +76,8 @@ class Buffer {
   // aligned), one per call in flight. A slot is taken until its call completes.
   static constexpr int kSlots = 2;
   ncclComm_t comm() const { return comm_; }
-  size_t bytes() const { return bytes_; }
-  size_t slot_bytes() const { return bytes_ / kSlots / 64 * 64; }
+  size_t bytes() const { return areas_->bytes(); }
+  size_t slot_bytes() const { return bytes() / kSlots / 64 * 64; }
   char* slot(int i) { return areas_->local() + static_cast<size_t>(i) * slot_bytes(); }
   // A free slot, now taken, or -1.
   int take_slot();
@@ -85,7 +85,7 @@ class Buffer {
   bool any_slot_taken() const { return slot_taken_[0] || slot_taken_[1]; }
 
  private:
-  Buffer(ncclComm_t comm, int rank, int nranks, size_t bytes, std::unique_ptr<PeerAreas> areas);
+  Buffer(ncclComm_t comm, int rank, int nranks, std::unique_ptr<PeerAreas> areas);
   // Moves every token to its ranks. forwarded_tokens[h]: this rank's tokens for host h's
   // forwarder (PeerAreas::forwarder), ascending. Row s of `counts` (nranks + hosts wide): the
   // tokens rank s sends to each rank, then to each host's forwarder.
@@ -100,7 +100,6 @@ class Buffer {
   int rank_;
   int nranks_;
   uint64_t id_;
-  size_t bytes_;
   std::unique_ptr<PeerAreas> areas_;  // the staging area, shared with same-host peers
   bool slot_taken_[kSlots] = {false, false};
 };
