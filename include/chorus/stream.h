@@ -47,6 +47,27 @@ ncclResult_t chorusStreamQuery(chorusStream_t stream);
 typedef void (*chorusHostFn_t)(void* arg);
 ncclResult_t chorusLaunchHostFunc(chorusStream_t stream, chorusHostFn_t fn, void* arg);
 
+/* Host events (cudaEvent_t without a GPU): an event marks the work queued on a stream up to the
+ * moment it is recorded, so one stream (or the host) can wait for part of another's work.
+ *   chorusEventRecord(event, stream)   captures the work queued on `stream` so far (the NULL
+ *                                      stream: nothing; recording again replaces the capture)
+ *   chorusEventQuery(event)            ncclSuccess once that work has completed (an event never
+ *                                      recorded is complete), ncclInProgress before, or the
+ *                                      work's error once it failed
+ *   chorusEventSynchronize(event)      blocks until that work has completed (the calling thread
+ *                                      helps to drive it); its error, if it failed
+ *   chorusStreamWaitEvent(stream, ev)  work queued on `stream` after this call starts once the
+ *                                      event's work has completed; if that work failed, the
+ *                                      stream fails too (the NULL stream: the call blocks)
+ * Destroying an event whose work is pending is allowed; streams waiting for it still wait. */
+typedef struct chorusEvent* chorusEvent_t;
+ncclResult_t chorusEventCreate(chorusEvent_t* event);
+ncclResult_t chorusEventDestroy(chorusEvent_t event);
+ncclResult_t chorusEventRecord(chorusEvent_t event, chorusStream_t stream);
+ncclResult_t chorusEventQuery(chorusEvent_t event);
+ncclResult_t chorusEventSynchronize(chorusEvent_t event);
+ncclResult_t chorusStreamWaitEvent(chorusStream_t stream, chorusEvent_t event);
+
 #ifdef __cplusplus
 } /* extern "C" */
 #endif

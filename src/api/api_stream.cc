@@ -83,6 +83,74 @@ CHORUS_API ncclResult_t chorusLaunchHostFunc(chorusStream_t stream, chorusHostFn
   });
 }
 
+namespace {
+
+Result<Event*> find_event(chorusEvent_t event) {
+  if (event == nullptr) return invalid_argument("event is NULL");
+  Event* e = Event::from_handle(event);
+  if (e == nullptr)
+    return invalid_argument("event {} was not created by chorusEventCreate (or was destroyed)",
+                            static_cast<const void*>(event));
+  return e;
+}
+
+}  // namespace
+
+CHORUS_API ncclResult_t chorusEventCreate(chorusEvent_t* event) {
+  return guard("chorusEventCreate", [&]() -> Status {
+    if (event == nullptr) return invalid_argument("event is NULL");
+    *event = reinterpret_cast<chorusEvent_t>(Event::create());
+    return Status();
+  });
+}
+
+CHORUS_API ncclResult_t chorusEventDestroy(chorusEvent_t event) {
+  return guard("chorusEventDestroy", [&]() -> Status {
+    CHORUS_ASSIGN_OR_RETURN(Event * e, find_event(event));
+    Event::destroy(e);
+    return Status();
+  });
+}
+
+CHORUS_API ncclResult_t chorusEventRecord(chorusEvent_t event, chorusStream_t stream) {
+  return guard("chorusEventRecord", [&]() -> Status {
+    CHORUS_ASSIGN_OR_RETURN(Event * e, find_event(event));
+    CHORUS_ASSIGN_OR_RETURN(Stream * s, find_stream(stream));
+    if (s == nullptr)
+      e->clear();  // the NULL stream's work is complete when its calls return
+    else
+      e->record(*s);
+    return Status();
+  });
+}
+
+CHORUS_API ncclResult_t chorusEventQuery(chorusEvent_t event) {
+  return guard("chorusEventQuery", [&]() -> Status {
+    CHORUS_ASSIGN_OR_RETURN(Event * e, find_event(event));
+    std::shared_ptr<Op> op = e->op();
+    if (!op) return Status();
+    if (!op->done()) return Status(Code::kInProgress, "the event's work is pending");
+    return op->status();
+  });
+}
+
+CHORUS_API ncclResult_t chorusEventSynchronize(chorusEvent_t event) {
+  return guard("chorusEventSynchronize", [&]() -> Status {
+    CHORUS_ASSIGN_OR_RETURN(Event * e, find_event(event));
+    return wait_op(e->op());
+  });
+}
+
+CHORUS_API ncclResult_t chorusStreamWaitEvent(chorusStream_t stream, chorusEvent_t event) {
+  return guard("chorusStreamWaitEvent", [&]() -> Status {
+    CHORUS_ASSIGN_OR_RETURN(Stream * s, find_stream(stream));
+    CHORUS_ASSIGN_OR_RETURN(Event * e, find_event(event));
+    if (s == nullptr) return wait_op(e->op());  // the NULL stream is synchronous
+    stream_wait_op(*s, e->op());
+    return Status();
+  });
+}
+
 CHORUS_API ncclResult_t chorusGetVersion(int* version) {
   return guard("chorusGetVersion", [&]() -> Status {
     if (version == nullptr) return invalid_argument("version is NULL");

@@ -13,6 +13,7 @@
 #include "common/log.h"
 #include "common/params.h"
 #include "common/process.h"
+#include "core/stream.h"
 
 namespace chorus {
 
@@ -169,9 +170,17 @@ bool Engine::pass() {
   std::vector<Op*> ran;
   for (const auto& op : host_ops) {
     if (!op->deps_done()) continue;
-    op->deps().clear();
-    op->run_host_fn();
-    op->complete(Status());
+    if (op->is_gate()) {
+      // A stream waiting for an event: what failed before the event fails the stream here too.
+      Status status = op->deps_status();
+      op->deps().clear();
+      for (Stream* s : op->streams()) s->note_result(status);
+      op->complete(std::move(status));
+    } else {
+      op->deps().clear();
+      op->run_host_fn();
+      op->complete(Status());
+    }
     ran.push_back(op.get());
     progressed = true;
   }

@@ -13,7 +13,7 @@ void Op::summarize(OpSummary* out) const {
   out->nsends = 0;
   if (is_host_fn()) {
     out->kind = OpSummary::Kind::kHostFn;
-  } else if (is_internal()) {
+  } else if (is_internal() || outside_) {
     out->kind = OpSummary::Kind::kInternal;
     out->internal = internal_;
   } else {
@@ -79,6 +79,12 @@ bool Op::deps_done() const {
   for (const auto& d : deps_)
     if (!d->done()) return false;
   return true;
+}
+
+Status Op::deps_status() const {
+  for (const auto& d : deps_)
+    if (d->done() && !d->status().ok()) return d->status();
+  return Status();
 }
 
 void Op::complete(Status status) {

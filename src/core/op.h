@@ -67,6 +67,11 @@ class Op {
       : comm_(comm), calls_(std::move(calls)), p2p_batch_(p2p_batch) {}
   // A host function queued on a stream (no comm).
   explicit Op(std::function<void()> host_fn) : host_fn_(std::move(host_fn)) {}
+  // An operation on a stream run by its owner outside the engine (src/core/stream.h,
+  // ExternalOp), or a gate that only waits for its deps (chorusStreamWaitEvent): no comm.
+  enum class Outside { kExternal, kGate };
+  Op(Outside kind, std::string description)
+      : calls_(), internal_(std::move(description)), outside_(kind) {}
   // An internal operation (e.g. the exchange of a split): runs `body`, tagged as internal.
   using Body = std::function<Task(OpContext&)>;
   Op(Comm* comm, std::string description, Body body)
@@ -86,6 +91,8 @@ class Op {
   bool p2p_batch() const { return p2p_batch_; }
   bool is_host_fn() const { return static_cast<bool>(host_fn_); }
   bool is_internal() const { return static_cast<bool>(body_); }
+  bool is_external() const { return outside_ == Outside::kExternal; }
+  bool is_gate() const { return outside_ == Outside::kGate; }
   const Body& body() const { return body_; }
   void run_host_fn() { host_fn_(); }
   // "AllReduce #12 (count 1024, float, sum)" or "group of 3 sends/receives".
@@ -98,6 +105,8 @@ class Op {
   // Operations that must complete before this one starts (stream order).
   std::vector<std::shared_ptr<Op>>& deps() { return deps_; }
   bool deps_done() const;
+  // The first failed dep's status (OK if none failed); valid once deps_done().
+  Status deps_status() const;
   // Streams this op was queued on (to report errors to).
   std::vector<Stream*>& streams() { return streams_; }
 
@@ -134,6 +143,7 @@ class Op {
   std::function<void()> host_fn_;
   std::string internal_;
   Body body_;
+  std::optional<Outside> outside_;
   std::vector<std::shared_ptr<Op>> deps_;
   std::vector<Stream*> streams_;
   std::atomic<uint32_t> done_{0};

@@ -324,6 +324,62 @@ TEST_CASE("host streams run work in order, asynchronously", "[ranks][api][stream
   REQUIRE(f == "");
 }
 
+TEST_CASE("host events order work across streams", "[ranks][api][stream][event]") {
+  const int n = 2;
+  RankGroup g(n);
+  std::string f = g.run([&](int r, ncclComm_t comm) -> std::string {
+    chorusStream_t producer = nullptr, consumer = nullptr;
+    chorusEvent_t ev = nullptr, never = nullptr;
+    if (chorusStreamCreate(&producer) != ncclSuccess || chorusStreamCreate(&consumer) != ncclSuccess ||
+        chorusEventCreate(&ev) != ncclSuccess || chorusEventCreate(&never) != ncclSuccess)
+      return "create";
+    if (chorusEventQuery(never) != ncclSuccess) return "an event never recorded is not complete";
+    // The producer's work ends with a slow host function; without the wait, the consumer's
+    // host function would run first and see `produced` unset.
+    std::atomic<int> produced{0}, seen{-1};
+    const size_t count = 4099;
+    std::vector<float> a(count, 0.5f * static_cast<float>(r + 1)), b(count, 0.0f);
+    ncclAllReduce(a.data(), a.data(), count, ncclFloat, ncclSum, comm, producer);  // a = 1.5
+    chorusLaunchHostFunc(
+        producer,
+        [](void* arg) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(50));
+          static_cast<std::atomic<int>*>(arg)->store(1);
+        },
+        &produced);
+    if (chorusEventRecord(ev, producer) != ncclSuccess) return "record";
+    if (chorusStreamWaitEvent(consumer, ev) != ncclSuccess) return "wait event";
+    struct Seen {
+      std::atomic<int>* produced;
+      std::atomic<int>* seen;
+    } arg{&produced, &seen};
+    chorusLaunchHostFunc(
+        consumer, [](void* p) { auto* s = static_cast<Seen*>(p); s->seen->store(s->produced->load()); },
+        &arg);
+    ncclBroadcast(a.data(), b.data(), count, ncclFloat, 1, comm, consumer);  // b = a (1.5)
+    if (chorusStreamSynchronize(consumer) != ncclSuccess) return "sync consumer";
+    if (seen.load() != 1) return "the consumer stream ran before the event's work completed";
+    if (chorusEventQuery(ev) != ncclSuccess) return "event not complete after the consumer ran";
+    if (chorusEventSynchronize(ev) != ncclSuccess) return "event synchronize";
+    for (size_t i = 0; i < count; i += 97)
+      if (b[i] != 1.5f) return "wrong data after the wait";
+    // Bad handles are refused; the NULL stream records nothing pending and waits at once.
+    if (chorusEventQuery(nullptr) != ncclInvalidArgument) return "NULL event accepted";
+    if (chorusEventRecord(ev, reinterpret_cast<chorusStream_t>(b.data())) != ncclInvalidArgument)
+      return "unknown stream accepted";
+    if (chorusEventRecord(ev, nullptr) != ncclSuccess || chorusEventQuery(ev) != ncclSuccess)
+      return "NULL-stream record";
+    if (chorusStreamWaitEvent(nullptr, ev) != ncclSuccess) return "NULL-stream wait";
+    if (chorusEventDestroy(ev) != ncclSuccess || chorusEventDestroy(never) != ncclSuccess)
+      return "destroy";
+    if (chorusEventQuery(ev) != ncclInvalidArgument) return "destroyed event accepted";
+    if (chorusStreamDestroy(producer) != ncclSuccess || chorusStreamDestroy(consumer) != ncclSuccess)
+      return "stream destroy";
+    return "";
+  });
+  REQUIRE(f == "");
+}
+
 TEST_CASE("PreMulSum reads a device-resident scalar when the collective runs", "[ranks][api]") {
   const int n = 2;
   RankGroup g(n);
