@@ -52,7 +52,8 @@
  * travel back per rank. CHORUS_EP_MAP=0, or a CHORUS_TRANSPORT that
  * forces a transport without shared memory, sends every token through the communicator.
  *
- * Calls are blocking and collective: every rank of the communicator calls chorusEpDispatch (and
+ * Calls are collective, and blocking unless queued on a host stream (see "Asynchronous calls"
+ * below): every rank of the communicator calls chorusEpDispatch (and
  * chorusEpCombine) the same number of times in the same order, each with its own tokens (0 is
  * allowed). A buffer and its handles are used by one thread at a time, and the communicator
  * carries no other work during a call. Every argument is checked, and the ranks agree on the
@@ -60,6 +61,24 @@
  * others return ncclInvalidArgument naming the refusing ranks), nothing was sent, and the
  * buffer and communicator are usable afterwards. Exception: a NULL or dead buffer handle is
  * refused at once, without communication.
+ *
+ * Asynchronous calls (DeepEP's async_finish, on a host stream of include/chorus/stream.h):
+ * chorusEpDispatchAsync and chorusEpCombineAsync take a stream. The call itself does what needs
+ * every rank now: the routing (topkIdx and the layout are read during the call), the count
+ * exchange and the agreement, so a refused call fails at once as above, and a dispatch returns
+ * its handle and out->numRecvTokens (DeepEP's CPU-side count of received tokens). The data
+ * movement is queued on the stream, behind the work queued there before: x, xScales and
+ * topkWeights are read, and the other outputs written, when the stream gets there. Record an
+ * event after the call (chorusEventRecord) to wait for it (chorusEventSynchronize), or make
+ * another stream wait for it (chorusStreamWaitEvent), or synchronise the stream; until then the
+ * call's arrays must stay valid and untouched. The calling thread is free meanwhile: the tokens
+ * are written, forwarded, unpacked and reduced by a thread of the buffer (one per buffer), the
+ * messages to other hosts by Chorus's progress thread. A buffer runs one call at a time: any
+ * next call on it (of either mode, or its destruction) first waits for the work the previous
+ * call queued, so a combine may follow its dispatch at once (it starts when the dispatch's
+ * outputs are written). A failure of the queued work (a dead peer, a timeout) is the stream's
+ * error, naming the peer. NULL streams make the calls blocking: chorusEpDispatch(...) is
+ * chorusEpDispatchAsync(..., NULL).
  *
  * Errors: ncclInvalidArgument for an expert index outside [-1, numExperts) (naming the token and
  * slot), numExperts not a multiple of nranks, a hidden size not a multiple of 128 with FP8, a
@@ -157,7 +176,17 @@ ncclResult_t chorusEpCombine(chorusEpBuffer_t buffer, chorusEpHandle_t handle, c
                              ncclDataType_t datatype, const float* topkWeights, void* combinedX,
                              float* combinedTopkWeights);
 
-/* Frees a handle (any time after its dispatch; not during a call using it). */
+/* chorusEpDispatch and chorusEpCombine whose data movement is queued on a host stream
+ * (chorusStream_t; NULL: blocking), see "Asynchronous calls" above. */
+ncclResult_t chorusEpDispatchAsync(chorusEpBuffer_t buffer, const chorusEpDispatchArgs_t* args,
+                                   chorusEpDispatchOutput_t* out, chorusEpHandle_t* handle,
+                                   cudaStream_t stream);
+ncclResult_t chorusEpCombineAsync(chorusEpBuffer_t buffer, chorusEpHandle_t handle, const void* x,
+                                  ncclDataType_t datatype, const float* topkWeights,
+                                  void* combinedX, float* combinedTopkWeights,
+                                  cudaStream_t stream);
+
+/* Frees a handle (any time after its dispatch; a call that uses it keeps what it needs). */
 ncclResult_t chorusEpHandleDestroy(chorusEpHandle_t handle);
 
 /* ---- Low-latency mode (DeepEP's low_latency_dispatch / low_latency_combine) ----

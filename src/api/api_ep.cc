@@ -201,6 +201,7 @@ CHORUS_API ncclResult_t chorusEpBufferCreate(ncclComm_t comm, size_t bytes,
 CHORUS_API ncclResult_t chorusEpBufferDestroy(chorusEpBuffer_t buffer) {
   return guard("chorusEpBufferDestroy", [&]() -> Status {
     CHORUS_ASSIGN_OR_RETURN(auto b, find_buffer(buffer));
+    b->drain();  // what an asynchronous call queued is done before the memory goes
     std::lock_guard<std::mutex> lock(g_mutex);
     buffers().erase(buffer);
     return Status();
@@ -230,13 +231,16 @@ CHORUS_API ncclResult_t chorusEpGetDispatchLayout(chorusEpBuffer_t buffer, const
   });
 }
 
-CHORUS_API ncclResult_t chorusEpDispatch(chorusEpBuffer_t buffer,
-                                         const chorusEpDispatchArgs_t* args,
-                                         chorusEpDispatchOutput_t* out, chorusEpHandle_t* handle) {
+CHORUS_API ncclResult_t chorusEpDispatchAsync(chorusEpBuffer_t buffer,
+                                              const chorusEpDispatchArgs_t* args,
+                                              chorusEpDispatchOutput_t* out,
+                                              chorusEpHandle_t* handle, cudaStream_t stream) {
   return guard("chorusEpDispatch", [&]() -> Status {
     CHORUS_ASSIGN_OR_RETURN(auto b, find_buffer(buffer));
-    Status st;
-    if (args == nullptr || out == nullptr || handle == nullptr)
+    // A bad stream is refused on this rank after the agreement, like every other argument.
+    auto s = find_stream(stream);
+    Status st = s.status();
+    if (st.ok() && (args == nullptr || out == nullptr || handle == nullptr))
       st = invalid_argument("args, out or handle is NULL");
     if (handle != nullptr) *handle = nullptr;
     const chorusEpDispatchArgs_t a = args != nullptr ? *args : chorusEpDispatchArgs_t{};
@@ -245,13 +249,65 @@ CHORUS_API ncclResult_t chorusEpDispatch(chorusEpBuffer_t buffer,
     const int datatype = enum_bits(a.datatype);
     if (st.ok()) st = check_dispatch(*b, a, datatype, o);
     if (st.ok()) st = check_no_hook(*b);
-    CHORUS_ASSIGN_OR_RETURN(std::unique_ptr<ep::Handle> h,
-                            b->dispatch(a, datatype, o, std::move(st)));
+    CHORUS_ASSIGN_OR_RETURN(std::shared_ptr<ep::Handle> h,
+                            b->dispatch(a, datatype, o, std::move(st), s.ok() ? s.value() : nullptr));
     auto key = reinterpret_cast<chorusEpHandle_t>(h.get());
     std::lock_guard<std::mutex> lock(g_mutex);
-    handles()[key] = std::shared_ptr<ep::Handle>(std::move(h));
+    handles()[key] = std::move(h);
     *handle = key;
     return Status();
+  });
+}
+
+CHORUS_API ncclResult_t chorusEpDispatch(chorusEpBuffer_t buffer,
+                                         const chorusEpDispatchArgs_t* args,
+                                         chorusEpDispatchOutput_t* out, chorusEpHandle_t* handle) {
+  return chorusEpDispatchAsync(buffer, args, out, handle, nullptr);
+}
+
+CHORUS_API ncclResult_t chorusEpCombineAsync(chorusEpBuffer_t buffer, chorusEpHandle_t handle,
+                                             const void* x, ncclDataType_t datatype,
+                                             const float* topkWeights, void* combinedX,
+                                             float* combinedTopkWeights, cudaStream_t stream) {
+  return guard("chorusEpCombine", [&]() -> Status {
+    CHORUS_ASSIGN_OR_RETURN(auto b, find_buffer(buffer));
+    // A bad handle or stream is refused on this rank after the agreement, like every other
+    // argument.
+    auto s = find_stream(stream);
+    auto found = find_handle(handle);
+    Status st = s.ok() ? found.status() : s.status();
+    const int dtype = enum_bits(datatype);
+    std::shared_ptr<const ep::Handle> h;
+    if (found.ok()) h = found.value();
+    if (st.ok() && h->buffer_id != b->id())
+      st = invalid_argument("handle {} comes from the dispatch of another buffer",
+                            static_cast<void*>(handle));
+    if (st.ok() && dtype != ncclFloat32 && dtype != ncclBfloat16)
+      st = invalid_argument("datatype {} is not supported by combine (ncclFloat32 or ncclBfloat16)",
+                            dtype);
+    if (st.ok()) st = check_no_hook(*b);
+    if (st.ok() && h->num_recv_tokens > 0 && x == nullptr)
+      st = invalid_argument("x is NULL with {} received tokens", h->num_recv_tokens);
+    if (st.ok() && h->num_tokens > 0 && combinedX == nullptr)
+      st = invalid_argument("combinedX is NULL with {} tokens", h->num_tokens);
+    // Weights travel if either array is given; an array of no rows may be NULL.
+    const bool weights = topkWeights != nullptr || combinedTopkWeights != nullptr;
+    if (st.ok() && weights && h->num_recv_tokens > 0 && topkWeights == nullptr)
+      st = invalid_argument(
+          "combinedTopkWeights is given but topkWeights is NULL with {} received tokens",
+          h->num_recv_tokens);
+    if (st.ok() && weights && h->num_tokens > 0 && combinedTopkWeights == nullptr)
+      st = invalid_argument("topkWeights is given but combinedTopkWeights is NULL with {} tokens",
+                            h->num_tokens);
+    if (!st.ok()) {
+      auto empty = std::make_shared<ep::Handle>();
+      empty->send_offset.assign(static_cast<size_t>(b->nranks()) + 1, 0);
+      empty->recv_offset = empty->send_offset;
+      return b->combine(std::move(empty), nullptr, dtype, false, nullptr, nullptr, nullptr,
+                        std::move(st), nullptr);
+    }
+    return b->combine(std::move(h), x, dtype, weights, topkWeights, combinedX, combinedTopkWeights,
+                      Status(), s.value());
   });
 }
 
@@ -259,42 +315,8 @@ CHORUS_API ncclResult_t chorusEpCombine(chorusEpBuffer_t buffer, chorusEpHandle_
                                         const void* x, ncclDataType_t datatype,
                                         const float* topkWeights, void* combinedX,
                                         float* combinedTopkWeights) {
-  return guard("chorusEpCombine", [&]() -> Status {
-    CHORUS_ASSIGN_OR_RETURN(auto b, find_buffer(buffer));
-    // A bad handle is refused on this rank after the agreement, like every other argument.
-    auto found = find_handle(handle);
-    Status st = found.status();
-    const int dtype = enum_bits(datatype);
-    ep::Handle none;
-    const ep::Handle& h = found.ok() ? *found.value() : none;
-    if (st.ok() && h.buffer_id != b->id())
-      st = invalid_argument("handle {} comes from the dispatch of another buffer",
-                            static_cast<void*>(handle));
-    if (st.ok() && dtype != ncclFloat32 && dtype != ncclBfloat16)
-      st = invalid_argument("datatype {} is not supported by combine (ncclFloat32 or ncclBfloat16)",
-                            dtype);
-    if (st.ok()) st = check_no_hook(*b);
-    if (st.ok() && h.num_recv_tokens > 0 && x == nullptr)
-      st = invalid_argument("x is NULL with {} received tokens", h.num_recv_tokens);
-    if (st.ok() && h.num_tokens > 0 && combinedX == nullptr)
-      st = invalid_argument("combinedX is NULL with {} tokens", h.num_tokens);
-    // Weights travel if either array is given; an array of no rows may be NULL.
-    const bool weights = topkWeights != nullptr || combinedTopkWeights != nullptr;
-    if (st.ok() && weights && h.num_recv_tokens > 0 && topkWeights == nullptr)
-      st = invalid_argument(
-          "combinedTopkWeights is given but topkWeights is NULL with {} received tokens",
-          h.num_recv_tokens);
-    if (st.ok() && weights && h.num_tokens > 0 && combinedTopkWeights == nullptr)
-      st = invalid_argument("topkWeights is given but combinedTopkWeights is NULL with {} tokens",
-                            h.num_tokens);
-    if (!st.ok()) {
-      ep::Handle empty;
-      empty.send_offset.assign(static_cast<size_t>(b->nranks()) + 1, 0);
-      empty.recv_offset = empty.send_offset;
-      return b->combine(empty, nullptr, dtype, false, nullptr, nullptr, nullptr, std::move(st));
-    }
-    return b->combine(h, x, dtype, weights, topkWeights, combinedX, combinedTopkWeights, Status());
-  });
+  return chorusEpCombineAsync(buffer, handle, x, datatype, topkWeights, combinedX,
+                              combinedTopkWeights, nullptr);
 }
 
 CHORUS_API ncclResult_t chorusEpHandleDestroy(chorusEpHandle_t handle) {
@@ -335,6 +357,7 @@ CHORUS_API ncclResult_t chorusEpLowLatencyDispatch(chorusEpBuffer_t buffer,
                                                    chorusEpHook_t* hook) {
   return guard("chorusEpLowLatencyDispatch", [&]() -> Status {
     CHORUS_ASSIGN_OR_RETURN(auto b, find_buffer(buffer));
+    b->drain();  // a normal-mode call's queued work uses the same memory
     Status st;
     if (args == nullptr || out == nullptr || handle == nullptr)
       st = invalid_argument("args, out or handle is NULL");
@@ -371,6 +394,7 @@ CHORUS_API ncclResult_t chorusEpLowLatencyCombine(chorusEpBuffer_t buffer, choru
                                                   int returnRecvHook, chorusEpHook_t* hook) {
   return guard("chorusEpLowLatencyCombine", [&]() -> Status {
     CHORUS_ASSIGN_OR_RETURN(auto b, find_buffer(buffer));
+    b->drain();  // a normal-mode call's queued work uses the same memory
     if (hook != nullptr) *hook = nullptr;
     // A bad handle is refused on this rank after the agreement, like every other argument.
     auto found = find_ll_handle(handle);

@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "core/stream.h"
 
+#include <fmt/format.h>
+
 #include <set>
 #include <vector>
 
@@ -140,7 +142,9 @@ Status ExternalOp::start(const std::shared_ptr<Op>& op) {
   if (!op->deps_done()) drive_until([&] { return op->deps_done(); }, comms_of(op->deps()));
   Status status = op->deps_status();
   op->deps().clear();
-  return status;
+  if (status.ok()) return status;
+  return Status(status.code(), fmt::format("{} not run: an earlier operation on its stream "
+                                           "failed: {}", op->describe(), status.message()));
 }
 
 void ExternalOp::finish(const std::shared_ptr<Op>& op, Status status) {

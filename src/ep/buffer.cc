@@ -23,6 +23,9 @@ size_t elem_size(int datatype) {
   return datatype == ncclFloat32 ? 4 : datatype == ncclBfloat16 ? 2 : 1;
 }
 size_t align8(size_t v) { return (v + 7) / 8 * 8; }
+// Where combine's weights start in a staging area after `rows` rows of `row` bytes (8-byte
+// aligned: BF16 rows may be odd-sized).
+size_t combine_weights_at(size_t rows, size_t row) { return align8(rows * row); }
 
 // One dispatched token on the wire: x, its FP8 scales, topk int64 indices, topk float weights.
 size_t record_bytes(size_t hidden, size_t elem, int topk) {
@@ -112,8 +115,67 @@ Status Buffer::agree(const char* call, Status mine, const std::vector<int64_t>& 
   return Status();
 }
 
-Result<std::unique_ptr<Handle>> Buffer::dispatch(const chorusEpDispatchArgs_t& args, int datatype,
-                                                 chorusEpDispatchOutput_t& out, Status st) {
+struct Buffer::DispatchMove : Move {
+  chorusEpDispatchArgs_t args{};
+  chorusEpDispatchOutput_t out{};  // the caller's output arrays
+  size_t elem = 0, record = 0, num_recv = 0;
+  std::shared_ptr<const Handle> handle;  // the tokens for each rank
+  // This rank's tokens for each host's forwarder (PeerAreas::forwarder), ascending.
+  std::vector<std::vector<size_t>> forwarded_tokens;
+  // Row s (nranks + hosts wide): the tokens rank s sends to each rank, then to each forwarder.
+  std::vector<int64_t> counts;
+  uint64_t step = 0;
+  // What this rank receives to forward: `count` records of rank `source` at record `first` of
+  // the forward area.
+  struct Forwarded {
+    size_t source, first, count;
+  };
+  std::vector<Forwarded> forwarded;
+  char* forward_area = nullptr;
+};
+
+struct Buffer::CombineMove : Move {
+  std::shared_ptr<const Handle> handle;
+  const void* x = nullptr;
+  bool bf16 = false;
+  bool with_weights = false;
+  const float* topk_weights = nullptr;
+  void* combined_x = nullptr;
+  float* combined_weights = nullptr;
+  uint64_t step = 0;
+};
+
+void Buffer::drain() {
+  if (!last_queued_) return;
+  (void)wait_op(last_queued_);  // its failure is reported on its stream
+  last_queued_.reset();
+}
+
+Status Buffer::run(const char* call, Stream* stream, const std::shared_ptr<Move>& move,
+                   std::function<Status(bool write)> stage, std::function<Status()> finish) {
+  if (stream == nullptr) {
+    CHORUS_RETURN_IF_ERROR(stage(true));
+    CHORUS_RETURN_IF_ERROR(exchange(comm_, rank_, move->sends, move->recvs));
+    return finish();
+  }
+  // The messages are posted now, so that the communicator carries them in the order of the
+  // calls; on the stream they wait for the records they carry to be written.
+  CHORUS_RETURN_IF_ERROR(stage(false));
+  if (!worker_) worker_ = std::make_unique<Worker>();
+  worker_->queue(*stream, fmt::format("{}: write the tokens", call), [this, move, stage] {
+    CHORUS_RETURN_IF_ERROR(stage(true));
+    return copy_to_self(rank_, move->sends, move->recvs);
+  });
+  CHORUS_RETURN_IF_ERROR(post_remote(comm_, rank_, move->sends, move->recvs,
+                                     reinterpret_cast<cudaStream_t>(stream)));
+  last_queued_ = worker_->queue(*stream, fmt::format("{}: receive", call), std::move(finish));
+  return Status();
+}
+
+Result<std::shared_ptr<Handle>> Buffer::dispatch(const chorusEpDispatchArgs_t& args, int datatype,
+                                                 chorusEpDispatchOutput_t& out, Status st,
+                                                 Stream* stream) {
+  drain();  // the previous call's work is done before this call's counts go out
   const auto n = static_cast<size_t>(nranks_);
   Routing routing;
   if (st.ok()) {
@@ -184,11 +246,7 @@ Result<std::unique_ptr<Handle>> Buffer::dispatch(const chorusEpDispatchArgs_t& a
             {static_cast<int64_t>(args.hidden), args.topk, args.numExperts, datatype},
             {"hidden", "topk", "numExperts", "datatype"}));
 
-  CHORUS_RETURN_IF_ERROR(
-      send_tokens(args, elem, record, routing, forwarded, counts));
-  unpack(args, elem, record, num_recv, out);
-
-  auto h = std::make_unique<Handle>();
+  auto h = std::make_shared<Handle>();
   h->buffer_id = id_;
   h->num_tokens = args.numTokens;
   h->num_recv_tokens = num_recv;
@@ -205,23 +263,39 @@ Result<std::unique_ptr<Handle>> Buffer::dispatch(const chorusEpDispatchArgs_t& a
       h->peer_rows_total[q] += c;
       if (j < me) h->peer_rows_before[q] += c;
     }
+
+  auto m = std::make_shared<DispatchMove>();
+  m->args = args;
+  m->out = out;
+  m->elem = elem;
+  m->record = record;
+  m->num_recv = num_recv;
+  m->handle = h;
+  m->forwarded_tokens = std::move(forwarded);
+  m->counts = std::move(counts);
+  m->step = areas_->begin_step();
+  out.numRecvTokens = num_recv;  // known now (DeepEP's CPU-side count); the rest in finish
+  CHORUS_RETURN_IF_ERROR(run(
+      "chorusEpDispatch", stream, m, [this, m](bool write) { return stage_dispatch(*m, write); },
+      [this, m] { return finish_dispatch(*m); }));
   return h;
 }
 
-Status Buffer::send_tokens(const chorusEpDispatchArgs_t& args, size_t elem, size_t record,
-                           const Routing& routing,
-                           const std::vector<std::vector<size_t>>& forwarded_tokens,
-                           const std::vector<int64_t>& counts) {
+Status Buffer::stage_dispatch(DispatchMove& m, bool write) {
+  const chorusEpDispatchArgs_t& args = m.args;
+  const Handle& h = *m.handle;
+  const size_t record = m.record;
   const auto n = static_cast<size_t>(nranks_);
   const auto nh = static_cast<size_t>(areas_->num_hosts());
   const size_t width = n + nh;
   const auto me = static_cast<size_t>(rank_);
   const int my_host = areas_->host_of(rank_);
-  const auto to_rank = [&](size_t s, size_t q) { return static_cast<size_t>(counts[s * width + q]); };
-  const size_t x_bytes = args.hidden * elem;
-  const size_t scale_bytes = elem == 1 ? args.hidden / CHORUS_EP_FP8_BLOCK * sizeof(float) : 0;
+  const auto to_rank = [&](size_t s, size_t q) { return static_cast<size_t>(m.counts[s * width + q]); };
+  const size_t x_bytes = args.hidden * m.elem;
+  const size_t scale_bytes = m.elem == 1 ? args.hidden / CHORUS_EP_FP8_BLOCK * sizeof(float) : 0;
   const auto k = static_cast<size_t>(args.topk);
   const auto write_record = [&](size_t t, char* rec) {
+    if (!write) return;
     std::memcpy(rec, static_cast<const char*>(args.x) + t * x_bytes, x_bytes);
     rec += x_bytes;
     if (scale_bytes > 0)
@@ -242,70 +316,79 @@ Status Buffer::send_tokens(const chorusEpDispatchArgs_t& args, size_t elem, size
   };
   // This rank's staging: [receive area: records from every rank, by source rank][send area:
   // records for the ranks and forwarders it does not write into][records to forward].
-  size_t num_recv = 0;
-  for (size_t q = 0; q < n; ++q) num_recv += to_rank(q, me);
   char* recv_area = areas_->local();
-  char* send_area = recv_area + num_recv * record;
-  char* forward_area = send_area + routing.send_tokens.size() * record;
-  const uint64_t step = areas_->begin_step();
-  std::vector<SendMsg> sends;
-  std::vector<RecvMsg> recvs;
+  char* send_area = recv_area + m.num_recv * record;
+  m.forward_area = send_area + h.send_tokens.size() * record;
+  m.sends.clear();
+  m.recvs.clear();
+  m.forwarded.clear();
   size_t send_at = 0;
   for (size_t q = 0; q < n; ++q) {
     const int peer = static_cast<int>(q);
-    const size_t first = routing.send_offset[q], last = routing.send_offset[q + 1];
+    const size_t first = h.send_offset[q], last = h.send_offset[q + 1];
     if (areas_->writes_into(peer)) {
       const size_t at = read_at(me, q);
       if ((at + last - first) * record > areas_->area_bytes(peer))
         return internal_error("EP records [{}, {}) for rank {} overrun its buffer of {} bytes", at,
                               at + last - first, peer, areas_->area_bytes(peer));
       for (size_t i = first; i < last; ++i)
-        write_record(routing.send_tokens[i], areas_->area(peer) + (at + i - first) * record);
+        write_record(h.send_tokens[i], areas_->area(peer) + (at + i - first) * record);
     } else if (areas_->forwarder(rank_, areas_->host_of(peer)) < 0) {
       for (size_t i = first; i < last; ++i)
-        write_record(routing.send_tokens[i], send_area + (send_at + i - first) * record);
-      sends.push_back({peer, send_area + send_at * record, (last - first) * record});
+        write_record(h.send_tokens[i], send_area + (send_at + i - first) * record);
+      m.sends.push_back({peer, send_area + send_at * record, (last - first) * record});
       send_at += last - first;
     }
   }
   // A host with a forwarder gets each token once, whichever of its ranks hold its experts.
-  for (size_t h = 0; h < nh; ++h) {
-    const int via = areas_->forwarder(rank_, static_cast<int>(h));
+  for (size_t host = 0; host < nh; ++host) {
+    const int via = areas_->forwarder(rank_, static_cast<int>(host));
     if (via < 0) continue;
     const size_t first = send_at;
-    for (size_t t : forwarded_tokens[h]) write_record(t, send_area + send_at++ * record);
-    sends.push_back({via, send_area + first * record, (send_at - first) * record});
+    for (size_t t : m.forwarded_tokens[host]) write_record(t, send_area + send_at++ * record);
+    m.sends.push_back({via, send_area + first * record, (send_at - first) * record});
   }
   size_t recv_at = 0;
   for (size_t q = 0; q < n; ++q) {
     const int peer = static_cast<int>(q);
     if (!areas_->written_by(peer) && areas_->forwarder(peer, my_host) < 0)
-      recvs.push_back({peer, recv_area + recv_at * record, to_rank(q, me) * record});
+      m.recvs.push_back({peer, recv_area + recv_at * record, to_rank(q, me) * record});
     recv_at += to_rank(q, me);
   }
-  struct Forwarded {
-    size_t source, first, count;
-  };
-  std::vector<Forwarded> forwarded;
   size_t forward_at = 0;
   for (size_t q = 0; q < n; ++q) {
     if (areas_->forwarder(static_cast<int>(q), my_host) != rank_) continue;
-    const auto c = static_cast<size_t>(counts[q * width + n + static_cast<size_t>(my_host)]);
-    recvs.push_back({static_cast<int>(q), forward_area + forward_at * record, c * record});
-    forwarded.push_back({q, forward_at, c});
+    const auto c = static_cast<size_t>(m.counts[q * width + n + static_cast<size_t>(my_host)]);
+    m.recvs.push_back({static_cast<int>(q), m.forward_area + forward_at * record, c * record});
+    m.forwarded.push_back({q, forward_at, c});
     forward_at += c;
   }
-  CHORUS_RETURN_IF_ERROR(exchange(comm_, rank_, sends, recvs));
+  return Status();
+}
 
+Status Buffer::finish_dispatch(DispatchMove& m) {
+  const chorusEpDispatchArgs_t& args = m.args;
+  const size_t record = m.record;
+  const auto n = static_cast<size_t>(nranks_);
+  const auto width = n + static_cast<size_t>(areas_->num_hosts());
+  const int my_host = areas_->host_of(rank_);
+  const size_t x_bytes = args.hidden * m.elem;
+  const size_t scale_bytes = m.elem == 1 ? args.hidden / CHORUS_EP_FP8_BLOCK * sizeof(float) : 0;
+  const auto k = static_cast<size_t>(args.topk);
+  const auto read_at = [&](size_t s, size_t q) {
+    size_t at = 0;
+    for (size_t j = 0; j < s; ++j) at += static_cast<size_t>(m.counts[j * width + q]);
+    return at;
+  };
   // Forward: each record to the ranks of this host that hold one of its experts, in the place
   // where they read that source's records (tokens arrive in ascending order, as they are read).
   const int64_t local = args.numExperts / nranks_;
   std::vector<size_t> next(n, 0);
   std::vector<int64_t> idx(k);
-  for (const Forwarded& f : forwarded) {
+  for (const DispatchMove::Forwarded& f : m.forwarded) {
     for (int q : areas_->host_ranks(my_host)) next[static_cast<size_t>(q)] = read_at(f.source, static_cast<size_t>(q));
     for (size_t i = 0; i < f.count; ++i) {
-      const char* rec = forward_area + (f.first + i) * record;
+      const char* rec = m.forward_area + (f.first + i) * record;
       std::memcpy(idx.data(), rec + x_bytes + scale_bytes, k * sizeof(int64_t));
       for (int q : areas_->host_ranks(my_host)) {
         const auto dest = static_cast<size_t>(q);
@@ -321,12 +404,16 @@ Status Buffer::send_tokens(const chorusEpDispatchArgs_t& args, size_t elem, size
     }
   }
   for (int q = 0; q < nranks_; ++q)
-    if (q != rank_ && areas_->writes_into(q)) areas_->mark_written(q, step);
-  return areas_->wait_written(step, "chorusEpDispatch");
+    if (q != rank_ && areas_->writes_into(q)) areas_->mark_written(q, m.step);
+  CHORUS_RETURN_IF_ERROR(areas_->wait_written(m.step, "chorusEpDispatch"));
+  unpack(m);
+  return Status();
 }
 
-void Buffer::unpack(const chorusEpDispatchArgs_t& args, size_t elem, size_t record,
-                    size_t num_recv, chorusEpDispatchOutput_t& out) const {
+void Buffer::unpack(const DispatchMove& m) const {
+  const chorusEpDispatchArgs_t& args = m.args;
+  const chorusEpDispatchOutput_t& out = m.out;
+  const size_t elem = m.elem, record = m.record, num_recv = m.num_recv;
   const size_t x_bytes = args.hidden * elem;
   const size_t scales = elem == 1 ? args.hidden / CHORUS_EP_FP8_BLOCK : 0;
   const auto k = static_cast<size_t>(args.topk);
@@ -355,25 +442,22 @@ void Buffer::unpack(const chorusEpDispatchArgs_t& args, size_t elem, size_t reco
     if (out.recvTopkWeights != nullptr)
       std::memcpy(out.recvTopkWeights + i * k, w.data(), k * sizeof(float));
   }
-  out.numRecvTokens = num_recv;
   const auto align = static_cast<size_t>(args.expertAlignment);
   for (size_t e = 0; out.numRecvTokensPerExpert != nullptr && e < per_expert.size(); ++e)
     out.numRecvTokensPerExpert[e] = static_cast<int>((per_expert[e] + align - 1) / align * align);
 }
 
-Status Buffer::combine(const Handle& h, const void* x, int datatype, bool with_weights,
-                       const float* topk_weights, void* combined_x, float* combined_weights,
-                       Status st) {
-  const auto n = static_cast<size_t>(nranks_);
+Status Buffer::combine(std::shared_ptr<const Handle> handle, const void* x, int datatype,
+                       bool with_weights, const float* topk_weights, void* combined_x,
+                       float* combined_weights, Status st, Stream* stream) {
+  drain();
+  const Handle& h = *handle;
   const auto k = static_cast<size_t>(h.topk);
   const bool bf16 = datatype == ncclBfloat16;
   const size_t row = h.hidden * (bf16 ? 2 : 4);
   const size_t weight_row = with_weights ? k * sizeof(float) : 0;
   const size_t rows_back = h.send_tokens.size();
-  // [rows, grouped by the rank they come from] [weights, 8-byte aligned: BF16 rows may be
-  // odd-sized]. A writing peer finds both from the counts alone.
-  const auto weights_at = [&](size_t rows) { return align8(rows * row); };
-  const size_t need = weights_at(rows_back) + rows_back * weight_row;
+  const size_t need = combine_weights_at(rows_back, row) + rows_back * weight_row;
   if (st.ok() && need > bytes())
     st = invalid_argument(
         "combine brings {} rows of {} bytes back to rank {}: {} bytes of staging, more than the "
@@ -384,41 +468,73 @@ Status Buffer::combine(const Handle& h, const void* x, int datatype, bool with_w
   CHORUS_RETURN_IF_ERROR(agree("chorusEpCombine", std::move(st),
                                {datatype, idle ? kAnyValue : int64_t{with_weights}},
                                {"datatype", "topk weights (given or not)"}));
+  auto m = std::make_shared<CombineMove>();
+  m->handle = std::move(handle);
+  m->x = x;
+  m->bf16 = bf16;
+  m->with_weights = with_weights;
+  m->topk_weights = topk_weights;
+  m->combined_x = combined_x;
+  m->combined_weights = combined_weights;
+  m->step = areas_->begin_step();
+  return run(
+      "chorusEpCombine", stream, m, [this, m](bool write) { return stage_combine(*m, write); },
+      [this, m] { return finish_combine(*m); });
+}
 
+Status Buffer::stage_combine(CombineMove& m, bool write) {
+  const Handle& h = *m.handle;
+  const auto n = static_cast<size_t>(nranks_);
+  const auto k = static_cast<size_t>(h.topk);
+  const size_t row = h.hidden * (m.bf16 ? 2 : 4);
+  const size_t weight_row = m.with_weights ? k * sizeof(float) : 0;
+  // [rows, grouped by the rank they come from] [weights]: a writing peer finds both from the
+  // counts alone.
   char* rows = areas_->local();
-  char* weights = rows + weights_at(rows_back);
-  const uint64_t step = areas_->begin_step();
-  std::vector<SendMsg> sends;
-  std::vector<RecvMsg> recvs;
+  char* weights = rows + combine_weights_at(h.send_tokens.size(), row);
+  m.sends.clear();
+  m.recvs.clear();
   for (size_t q = 0; q < n; ++q) {
     const int peer = static_cast<int>(q);
     const size_t r0 = h.recv_offset[q], rn = h.recv_offset[q + 1] - r0;
     const size_t s0 = h.send_offset[q], sn = h.send_offset[q + 1] - s0;
-    const char* my_rows = static_cast<const char*>(x) + r0 * row;
-    const float* my_weights = with_weights ? topk_weights + r0 * k : nullptr;
+    const char* my_rows = static_cast<const char*>(m.x) + r0 * row;
+    const float* my_weights = m.with_weights ? m.topk_weights + r0 * k : nullptr;
     if (areas_->writes_into(peer)) {
       // Into rank q's area, after the rows of the ranks below this one.
       const size_t at = h.peer_rows_before[q], total = h.peer_rows_total[q];
-      if (weights_at(total) + total * weight_row > areas_->area_bytes(peer))
+      const size_t weights_there = combine_weights_at(total, row);
+      if (weights_there + total * weight_row > areas_->area_bytes(peer))
         return internal_error("EP combine rows for rank {} overrun its buffer of {} bytes", peer,
                               areas_->area_bytes(peer));
-      if (rn > 0) std::memcpy(areas_->area(peer) + at * row, my_rows, rn * row);
-      if (rn > 0 && with_weights)
-        std::memcpy(areas_->area(peer) + weights_at(total) + at * weight_row, my_weights,
+      if (write && rn > 0) std::memcpy(areas_->area(peer) + at * row, my_rows, rn * row);
+      if (write && rn > 0 && m.with_weights)
+        std::memcpy(areas_->area(peer) + weights_there + at * weight_row, my_weights,
                     rn * weight_row);
     } else {
-      sends.push_back({peer, my_rows, rn * row});
-      if (with_weights) sends.push_back({peer, my_weights, rn * weight_row});
+      m.sends.push_back({peer, my_rows, rn * row});
+      if (m.with_weights) m.sends.push_back({peer, my_weights, rn * weight_row});
     }
     if (areas_->written_by(peer)) continue;
-    recvs.push_back({peer, rows + s0 * row, sn * row});
-    if (with_weights) recvs.push_back({peer, weights + s0 * weight_row, sn * weight_row});
+    m.recvs.push_back({peer, rows + s0 * row, sn * row});
+    if (m.with_weights) m.recvs.push_back({peer, weights + s0 * weight_row, sn * weight_row});
   }
-  for (int q = 0; q < nranks_; ++q)
-    if (q != rank_ && areas_->writes_into(q)) areas_->mark_written(q, step);
-  CHORUS_RETURN_IF_ERROR(exchange(comm_, rank_, sends, recvs));
-  CHORUS_RETURN_IF_ERROR(areas_->wait_written(step, "chorusEpCombine"));
+  if (write)
+    for (int q = 0; q < nranks_; ++q)
+      if (q != rank_ && areas_->writes_into(q)) areas_->mark_written(q, m.step);
+  return Status();
+}
 
+Status Buffer::finish_combine(const CombineMove& m) {
+  CHORUS_RETURN_IF_ERROR(areas_->wait_written(m.step, "chorusEpCombine"));
+  const Handle& h = *m.handle;
+  const auto k = static_cast<size_t>(h.topk);
+  const bool bf16 = m.bf16;
+  const size_t row = h.hidden * (bf16 ? 2 : 4);
+  const size_t weight_row = m.with_weights ? k * sizeof(float) : 0;
+  const size_t rows_back = h.send_tokens.size();
+  const char* rows = areas_->local();
+  const char* weights = rows + combine_weights_at(rows_back, row);
   // Per token, its rows in ascending rank order (rows come back grouped by the rank they went
   // to), summed in one float row that stays in cache, then rounded once into the output. The
   // library's kernels add (fp32 sums, bit for bit the scalar a + b) and convert BF16 rows.
@@ -435,10 +551,10 @@ Status Buffer::combine(const Handle& h, const void* x, int datatype, bool with_w
   const kernels::ConvertFn narrow = kernels::kernels().from_float[kBf16];
   std::vector<float> sum(bf16 ? h.hidden : 0), widened(bf16 ? h.hidden : 0);
   for (size_t t = 0; t < h.num_tokens; ++t) {
-    float* dst = bf16 ? sum.data() : static_cast<float*>(combined_x) + t * h.hidden;
+    float* dst = bf16 ? sum.data() : static_cast<float*>(m.combined_x) + t * h.hidden;
     std::fill(dst, dst + h.hidden, 0.0f);
-    float* wdst = with_weights ? combined_weights + t * k : nullptr;
-    if (with_weights) std::fill(wdst, wdst + k, 0.0f);
+    float* wdst = m.with_weights ? m.combined_weights + t * k : nullptr;
+    if (m.with_weights) std::fill(wdst, wdst + k, 0.0f);
     for (size_t j = first_row[t]; j < first_row[t + 1]; ++j) {
       const size_t i = token_rows[j];
       const void* src = rows + i * row;
@@ -447,9 +563,9 @@ Status Buffer::combine(const Handle& h, const void* x, int datatype, bool with_w
         src = widened.data();
       }
       add(dst, dst, src, h.hidden);
-      if (with_weights) add(wdst, wdst, weights + i * weight_row, k);
+      if (m.with_weights) add(wdst, wdst, weights + i * weight_row, k);
     }
-    if (bf16) narrow(static_cast<char*>(combined_x) + t * row, dst, h.hidden);
+    if (bf16) narrow(static_cast<char*>(m.combined_x) + t * row, dst, h.hidden);
   }
   return Status();
 }

@@ -14,6 +14,10 @@
 // each source rank's rows from the caller's x into that rank's staging area (or sends them) and
 // reduces what arrived there.
 // The staging area is reused by every call: one call at a time per buffer.
+// Asynchronous calls (a host stream given): the routing, the count exchange and the agreement
+// run in the calling thread; the rest is queued on the stream, the token writes and the
+// unpacking or reduction on the buffer's worker (async.h), the messages to other hosts as one
+// group between them. The next call on the buffer starts with drain(): it waits for that work.
 #pragma once
 
 #include <chorus/ep.h>
@@ -21,10 +25,13 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
 #include "common/status.h"
+#include "core/stream.h"
+#include "ep/async.h"
 #include "ep/routing.h"
 #include "ep/transfer.h"
 
@@ -58,13 +65,18 @@ class Buffer {
   int nranks() const { return nranks_; }
 
   // `refused`: the entry point's verdict on the arguments it checked; not OK, this rank takes
-  // part in the agreement only to refuse the call on every rank.
-  Result<std::unique_ptr<Handle>> dispatch(const chorusEpDispatchArgs_t& args, int datatype,
-                                           chorusEpDispatchOutput_t& out, Status refused);
+  // part in the agreement only to refuse the call on every rank. `stream`: null, the call
+  // returns when done; else its data movement is queued on it (see the file comment).
+  Result<std::shared_ptr<Handle>> dispatch(const chorusEpDispatchArgs_t& args, int datatype,
+                                           chorusEpDispatchOutput_t& out, Status refused,
+                                           Stream* stream);
   // `weights`: topk weights travel too (either array may be NULL where it has no rows).
-  Status combine(const Handle& handle, const void* x, int datatype, bool weights,
+  Status combine(std::shared_ptr<const Handle> handle, const void* x, int datatype, bool weights,
                  const float* topk_weights, void* combined_x, float* combined_weights,
-                 Status refused);
+                 Status refused, Stream* stream);
+  // Waits until the work the buffer's last asynchronous call queued is done. Its failure is
+  // that call's stream's, not returned here.
+  void drain();
 
   // Every rank's verdict, and `facts` (values that must be equal on every rank, named by
   // `names`; kAnyValue on a rank: no constraint there), gathered; the call's Status here.
@@ -85,16 +97,29 @@ class Buffer {
   bool any_slot_taken() const { return slot_taken_[0] || slot_taken_[1]; }
 
  private:
+  // What one call moves: its messages to other ranks (fixed by the counts, so known before a
+  // byte is written).
+  struct Move {
+    std::vector<SendMsg> sends;
+    std::vector<RecvMsg> recvs;
+  };
+  struct DispatchMove;
+  struct CombineMove;
+
   Buffer(ncclComm_t comm, int rank, int nranks, std::unique_ptr<PeerAreas> areas);
-  // Moves every token to its ranks. forwarded_tokens[h]: this rank's tokens for host h's
-  // forwarder (PeerAreas::forwarder), ascending. Row s of `counts` (nranks + hosts wide): the
-  // tokens rank s sends to each rank, then to each host's forwarder.
-  Status send_tokens(const chorusEpDispatchArgs_t& args, size_t elem, size_t record,
-                     const Routing& routing,
-                     const std::vector<std::vector<size_t>>& forwarded_tokens,
-                     const std::vector<int64_t>& counts);
-  void unpack(const chorusEpDispatchArgs_t& args, size_t elem, size_t record, size_t num_recv,
-              chorusEpDispatchOutput_t& out) const;
+  // The data movement of a call: stage(true) writes what goes into same-host buffers and the
+  // send area (stage(false) only lists the messages in `move`), the messages move, finish()
+  // waits for arrival and writes the outputs. Now (stream null) or queued on the stream.
+  Status run(const char* call, Stream* stream, const std::shared_ptr<Move>& move,
+             std::function<Status(bool write)> stage, std::function<Status()> finish);
+  // Dispatch: every token to its ranks (or its host's forwarder); then the forwarding, the
+  // arrival and the unpacking into the caller's outputs.
+  Status stage_dispatch(DispatchMove& m, bool write);
+  Status finish_dispatch(DispatchMove& m);
+  // Combine: each received token's row back to its source rank; then the sums per token.
+  Status stage_combine(CombineMove& m, bool write);
+  Status finish_combine(const CombineMove& m);
+  void unpack(const DispatchMove& m) const;
 
   ncclComm_t comm_;
   int rank_;
@@ -102,6 +127,8 @@ class Buffer {
   uint64_t id_;
   std::unique_ptr<PeerAreas> areas_;  // the staging area, shared with same-host peers
   bool slot_taken_[kSlots] = {false, false};
+  std::shared_ptr<Op> last_queued_;  // the last op an asynchronous call queued
+  std::unique_ptr<Worker> worker_;   // started by the first asynchronous call; joined first
 };
 
 }  // namespace chorus::ep

@@ -55,8 +55,7 @@ Status from_nccl(ncclResult_t r, const char* what) {
       .mark_logged();
 }
 
-Status exchange(ncclComm_t comm, int rank, const std::vector<SendMsg>& sends,
-                const std::vector<RecvMsg>& recvs) {
+Status copy_to_self(int rank, const std::vector<SendMsg>& sends, const std::vector<RecvMsg>& recvs) {
   // To itself: the i-th message sent matches the i-th received.
   std::vector<const SendMsg*> self_sends;
   std::vector<const RecvMsg*> self_recvs;
@@ -73,6 +72,11 @@ Status exchange(ncclComm_t comm, int rank, const std::vector<SendMsg>& sends,
                             self_sends[i]->bytes, self_recvs[i]->bytes);
     std::memcpy(self_recvs[i]->data, self_sends[i]->data, self_sends[i]->bytes);
   }
+  return Status();
+}
+
+Status post_remote(ncclComm_t comm, int rank, const std::vector<SendMsg>& sends,
+                   const std::vector<RecvMsg>& recvs, cudaStream_t stream) {
   const auto remote = [&](int peer, size_t bytes) { return peer != rank && bytes > 0; };
   if (std::none_of(sends.begin(), sends.end(), [&](const SendMsg& s) { return remote(s.peer, s.bytes); }) &&
       std::none_of(recvs.begin(), recvs.end(), [&](const RecvMsg& m) { return remote(m.peer, m.bytes); }))
@@ -83,13 +87,13 @@ Status exchange(ncclComm_t comm, int rank, const std::vector<SendMsg>& sends,
   ncclResult_t posted = ncclSuccess;
   for (const auto& s : sends) {
     if (!remote(s.peer, s.bytes)) continue;
-    posted = ncclSend(s.data, s.bytes, ncclUint8, s.peer, comm, nullptr);
+    posted = ncclSend(s.data, s.bytes, ncclUint8, s.peer, comm, stream);
     if (posted != ncclSuccess) break;
   }
   for (const auto& m : recvs) {
     if (posted != ncclSuccess) break;
     if (!remote(m.peer, m.bytes)) continue;
-    posted = ncclRecv(m.data, m.bytes, ncclUint8, m.peer, comm, nullptr);
+    posted = ncclRecv(m.data, m.bytes, ncclUint8, m.peer, comm, stream);
   }
   // The group is closed whatever happened, so the communicator leaves group mode.
   Status post_error = posted == ncclSuccess ? Status() : from_nccl(posted, "ncclSend/ncclRecv");
@@ -97,6 +101,12 @@ Status exchange(ncclComm_t comm, int rank, const std::vector<SendMsg>& sends,
   if (!post_error.ok()) return post_error;
   if (r != ncclSuccess) return from_nccl(r, "grouped ncclSend/ncclRecv of EP tokens");
   return Status();
+}
+
+Status exchange(ncclComm_t comm, int rank, const std::vector<SendMsg>& sends,
+                const std::vector<RecvMsg>& recvs) {
+  CHORUS_RETURN_IF_ERROR(copy_to_self(rank, sends, recvs));
+  return post_remote(comm, rank, sends, recvs, nullptr);
 }
 
 size_t PeerAreas::header_bytes() const {

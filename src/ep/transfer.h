@@ -49,6 +49,11 @@ Status from_nccl(ncclResult_t r, const char* what);
 // messages to itself are copied. Blocking; every rank calls it in the same collective step.
 Status exchange(ncclComm_t comm, int rank, const std::vector<SendMsg>& sends,
                 const std::vector<RecvMsg>& recvs);
+// exchange() in two parts: the messages to itself, copied now; and the messages to other ranks,
+// posted as one group on `stream` (NULL: waited for).
+Status copy_to_self(int rank, const std::vector<SendMsg>& sends, const std::vector<RecvMsg>& recvs);
+Status post_remote(ncclComm_t comm, int rank, const std::vector<SendMsg>& sends,
+                   const std::vector<RecvMsg>& recvs, cudaStream_t stream);
 
 // This rank's staging area, and the staging areas of the same-host ranks it writes into.
 class PeerAreas {

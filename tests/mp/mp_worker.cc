@@ -497,7 +497,7 @@ int main(int argc, char** argv) {
     rc = f.empty() ? 0 : 1;
   }
   if (std::strcmp(argv[1], "ep") == 0) {
-    std::string f = check_ep_matrix(comm, 4242) + check_ep_bad_input(comm);
+    std::string f = check_ep_matrix(comm, 4242) + check_ep_async(comm) + check_ep_bad_input(comm);
     if (!f.empty()) fmt::print(stderr, "rank {}:\n{}", rank, f);
     rc = f.empty() ? 0 : 1;
   }

@@ -39,6 +39,16 @@ TEST_CASE("ep: bad input is refused on every rank, naming it, and the communicat
   }
 }
 
+TEST_CASE("ep: asynchronous dispatch and combine run in their host stream's order",
+          "[ranks][ep][stream]") {
+  for (int n : {1, 2, 4}) {
+    CAPTURE(n);
+    RankGroup g(n);
+    REQUIRE(g.init_error().empty());
+    CHECK(g.run([&](int, ncclComm_t comm) { return check_ep_async(comm); }) == "");
+  }
+}
+
 TEST_CASE("ep: a single rank dispatches to itself", "[ranks][ep]") {
   RankGroup g(1);
   REQUIRE(g.init_error().empty());

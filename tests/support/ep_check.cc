@@ -8,13 +8,16 @@
 #include "support/ep_routing.h"
 
 #include <chorus/ep.h>
+#include <chorus/stream.h>
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "kernels/fp8/convert.h"
@@ -170,6 +173,18 @@ std::string nccl_error(const char* what, ncclResult_t r) {
   return fmt::format("{}: {} ({})\n", what, ncclGetErrorString(r), ncclGetLastError(nullptr));
 }
 
+// Waits, through an event, for what the last call queued on run.stream (if any).
+template <typename R>
+std::string wait_queued(const R& run) {
+  if (run.stream == nullptr) return "";
+  chorusEvent_t ev = nullptr;
+  ncclResult_t r = chorusEventCreate(&ev);
+  if (r == ncclSuccess) r = chorusEventRecord(ev, run.stream);
+  if (r == ncclSuccess) r = chorusEventSynchronize(ev);
+  if (ev != nullptr) chorusEventDestroy(ev);
+  return r == ncclSuccess ? "" : nccl_error("the stream of an asynchronous EP call", r);
+}
+
 // One dispatch on this rank, its outputs, and the inputs of every rank.
 struct Run {
   EpCase c;
@@ -183,6 +198,7 @@ struct Run {
   std::vector<int> recv_per_expert;
   size_t num_recv = 0;
   chorusEpHandle_t handle = nullptr;
+  chorusStream_t stream = nullptr;  // non-NULL: the calls are queued on it (chorusEp*Async)
 
   const RankInput& mine() const { return all[static_cast<size_t>(rank)]; }
   int rank_of(int64_t e) const { return static_cast<int>(e / c.local_experts); }
@@ -284,10 +300,10 @@ std::string dispatch(chorusEpBuffer_t b, Run& run) {
   Prepared p;
   std::string f = prepare(b, run, p);
   if (!f.empty()) return f;
-  ncclResult_t r = chorusEpDispatch(b, &p.a, &p.o, &run.handle);
+  ncclResult_t r = chorusEpDispatchAsync(b, &p.a, &p.o, &run.handle, run.stream);
   if (r != ncclSuccess) return nccl_error("chorusEpDispatch", r);
-  run.num_recv = p.o.numRecvTokens;
-  return "";
+  run.num_recv = p.o.numRecvTokens;  // set on return, also when queued on a stream
+  return wait_queued(run);
 }
 
 // What this rank must have received, in order, compared with what it did.
@@ -353,10 +369,11 @@ std::string combine(chorusEpBuffer_t b, const Run& run, bool with_weights) {
   const auto& in = run.mine();
   std::vector<uint8_t> got(std::max<size_t>(in.num_tokens, 1) * h * ce, 0xcd);
   std::vector<float> got_w(std::max<size_t>(in.num_tokens, 1) * k, -9.0f);
-  ncclResult_t r = chorusEpCombine(b, run.handle, y.data(), c.combine_dtype,
-                                   with_weights ? run.recv_w.data() : nullptr, got.data(),
-                                   with_weights ? got_w.data() : nullptr);
+  ncclResult_t r = chorusEpCombineAsync(b, run.handle, y.data(), c.combine_dtype,
+                                        with_weights ? run.recv_w.data() : nullptr, got.data(),
+                                        with_weights ? got_w.data() : nullptr, run.stream);
   if (r != ncclSuccess) return nccl_error("chorusEpCombine", r);
+  if (std::string f = wait_queued(run); !f.empty()) return f;
   // The reference: each token's rank results added in float in ascending rank order.
   std::vector<uint8_t> want(got.size(), 0);
   std::vector<float> acc(h);
@@ -453,8 +470,34 @@ std::string make_buffer(ncclComm_t comm, const std::vector<const Run*>& runs, ch
   return r == ncclSuccess ? "" : nccl_error("chorusEpBufferCreate", r);
 }
 
-std::string run_case(ncclComm_t comm, const EpCase& c, int rank, int nranks) {
+// A host stream for a test's asynchronous calls, destroyed (its error checked) at the end.
+class TestStream {
+ public:
+  explicit TestStream(bool wanted) {
+    if (wanted && chorusStreamCreate(&s_) != ncclSuccess) s_ = nullptr, failed_ = true;
+  }
+  ~TestStream() {
+    if (s_ != nullptr) chorusStreamDestroy(s_);
+  }
+  chorusStream_t get() const { return s_; }
+  // "" or what failed (creating it, or the work queued on it).
+  std::string close() {
+    if (failed_) return "chorusStreamCreate failed\n";
+    if (s_ == nullptr) return "";
+    const ncclResult_t r = chorusStreamDestroy(s_);
+    s_ = nullptr;
+    return r == ncclSuccess ? "" : nccl_error("chorusStreamDestroy", r);
+  }
+
+ private:
+  chorusStream_t s_ = nullptr;
+  bool failed_ = false;
+};
+
+std::string run_case(ncclComm_t comm, const EpCase& c, int rank, int nranks, bool async) {
   Run run = make_run(c, rank, nranks);
+  TestStream stream(async);
+  run.stream = stream.get();
   chorusEpBuffer_t b = nullptr;
   std::string f = make_buffer(comm, {&run}, &b);
   if (f.empty()) f = dispatch(b, run);
@@ -463,14 +506,17 @@ std::string run_case(ncclComm_t comm, const EpCase& c, int rank, int nranks) {
   if (run.handle != nullptr && chorusEpHandleDestroy(run.handle) != ncclSuccess && f.empty())
     f = "handle destroy\n";
   if (b != nullptr && chorusEpBufferDestroy(b) != ncclSuccess && f.empty()) f = "buffer destroy\n";
-  return f.empty() ? "" : c.describe() + ": " + f;
+  if (f.empty()) f = stream.close();
+  return f.empty() ? "" : c.describe() + (async ? " (on a stream)" : "") + ": " + f;
 }
 
 // Two dispatches alive at once on one buffer, combined in reverse order, one of them twice and
 // once without weights.
 std::string run_two_handles(ncclComm_t comm, const EpCase& c1, const EpCase& c2, int rank,
-                            int nranks) {
+                            int nranks, bool async) {
   Run a = make_run(c1, rank, nranks), b2 = make_run(c2, rank, nranks);
+  TestStream stream(async);
+  a.stream = b2.stream = stream.get();
   chorusEpBuffer_t b = nullptr;
   std::string f = make_buffer(comm, {&a, &b2}, &b);
   if (f.empty()) f = dispatch(b, a);
@@ -483,7 +529,8 @@ std::string run_two_handles(ncclComm_t comm, const EpCase& c1, const EpCase& c2,
     if (r->handle != nullptr && chorusEpHandleDestroy(r->handle) != ncclSuccess && f.empty())
       f = "handle destroy\n";
   if (b != nullptr && chorusEpBufferDestroy(b) != ncclSuccess && f.empty()) f = "buffer destroy\n";
-  return f.empty() ? "" : "two handles: " + f;
+  if (f.empty()) f = stream.close();
+  return f.empty() ? "" : std::string("two handles") + (async ? " (on a stream)" : "") + ": " + f;
 }
 
 // A refused call: the `culprit` rank (-1: every rank) fails with ncclInvalidArgument and a
@@ -670,15 +717,85 @@ std::string check_ep_bad_input(ncclComm_t comm) {
       rank, -1, "topk is 0");
   f += bad_dispatches(b, rank, nranks);
   f += bad_combines(b, comm, rank, nranks);
+  {
+    // A stream that is not one, on rank 0 only: refused there, and the others name rank 0.
+    Run run = make_run(small_case(7), rank, nranks);
+    Prepared p;
+    f += prepare(b, run, p);
+    chorusEpHandle_t h = nullptr;
+    int bogus = 0;
+    const auto stream = rank == 0 ? reinterpret_cast<chorusStream_t>(&bogus) : nullptr;
+    const ncclResult_t r = chorusEpDispatchAsync(b, &p.a, &p.o, &h, stream);
+    if (h != nullptr) chorusEpHandleDestroy(h);
+    f += expect_refused("dispatch on a bad stream on rank 0", r, rank, 0,
+                        "was not created by chorusStreamCreate");
+  }
   chorusEpBufferDestroy(b);
   f += bad_sizes(comm, rank, nranks);
   // Still usable: a whole dispatch and combine, and a plain collective.
-  f += run_case(comm, small_case(21), rank, nranks);
+  f += run_case(comm, small_case(21), rank, nranks, /*async=*/false);
   float x = 1.5f;
   if (ncclAllReduce(&x, &x, 1, ncclFloat32, ncclSum, comm, nullptr) != ncclSuccess ||
       x != 1.5f * static_cast<float>(nranks))
     f += "AllReduce after the refused calls failed\n";
   return f;
+}
+
+std::string check_ep_async(ncclComm_t comm) {
+  int rank = 0, nranks = 0;
+  if (ncclCommUserRank(comm, &rank) != ncclSuccess || ncclCommCount(comm, &nranks) != ncclSuccess)
+    return "comm query failed\n";
+  EpCase c = small_case(33);
+  c.dtype = c.combine_dtype = ncclBfloat16;
+  c.hidden = 136;
+  Run run = make_run(c, rank, nranks);
+  TestStream stream(true);
+  run.stream = stream.get();
+  chorusEpBuffer_t b = nullptr;
+  std::string f = make_buffer(comm, {&run}, &b);
+  if (!f.empty()) return f;
+  // x holds zeros until a host function queued on the stream before the dispatch, after a
+  // pause, writes the tokens: a dispatch that read x at once would send zeros.
+  std::vector<uint8_t>& x = run.all[static_cast<size_t>(rank)].x;
+  const std::vector<uint8_t> tokens = x;
+  std::fill(x.begin(), x.end(), 0);
+  struct Fill {
+    std::vector<uint8_t>* dst;
+    const std::vector<uint8_t>* src;
+  } fill{&x, &tokens};
+  chorusLaunchHostFunc(
+      run.stream,
+      [](void* arg) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        auto* fl = static_cast<Fill*>(arg);
+        std::memcpy(fl->dst->data(), fl->src->data(), fl->src->size());
+      },
+      &fill);
+  // The count of received tokens is known when the call returns.
+  size_t expected = 0;
+  for (const RankInput& in : run.all)
+    for (size_t t = 0; t < in.num_tokens; ++t)
+      for (int s = 0; s < c.topk; ++s) {
+        const int64_t e = in.idx[t * static_cast<size_t>(c.topk) + static_cast<size_t>(s)];
+        if (e >= 0 && run.rank_of(e) == rank) {
+          ++expected;
+          break;
+        }
+      }
+  Prepared p;
+  f = prepare(b, run, p);
+  ncclResult_t r = chorusEpDispatchAsync(b, &p.a, &p.o, &run.handle, run.stream);
+  if (f.empty() && r != ncclSuccess) f = nccl_error("chorusEpDispatchAsync", r);
+  if (f.empty() && p.o.numRecvTokens != expected)
+    f = fmt::format("numRecvTokens {} on return, expected {}\n", p.o.numRecvTokens, expected);
+  run.num_recv = p.o.numRecvTokens;
+  if (f.empty()) f = wait_queued(run);
+  if (f.empty()) f = check_received(run);
+  if (f.empty()) f = combine(b, run, /*with_weights=*/true);
+  if (run.handle != nullptr) chorusEpHandleDestroy(run.handle);
+  if (chorusEpBufferDestroy(b) != ncclSuccess && f.empty()) f = "buffer destroy\n";
+  if (f.empty()) f = stream.close();
+  return f.empty() ? "" : "asynchronous dispatch in stream order: " + f;
 }
 
 std::string check_ep_matrix(ncclComm_t comm, uint64_t seed) {
@@ -687,8 +804,10 @@ std::string check_ep_matrix(ncclComm_t comm, uint64_t seed) {
     return "comm query failed\n";
   std::string f;
   const auto cases = matrix_cases(nranks, seed);
-  for (const auto& c : cases) f += run_case(comm, c, rank, nranks);
-  f += run_two_handles(comm, cases[0], cases[11], rank, nranks);
+  for (bool async : {false, true}) {
+    for (const auto& c : cases) f += run_case(comm, c, rank, nranks, async);
+    f += run_two_handles(comm, cases[0], cases[11], rank, nranks, async);
+  }
   return f;
 }
 

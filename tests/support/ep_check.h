@@ -24,6 +24,12 @@ namespace chorus::test {
 // failed.
 std::string check_ep_matrix(ncclComm_t comm, uint64_t seed);
 
+// Asynchronous calls on a host stream run in its order: a dispatch reads x only after the work
+// queued on the stream before it (a host function that writes x after a pause), returns the
+// count of received tokens at once, and its outputs and the combine's are right once an event
+// recorded after them completes.
+std::string check_ep_async(ncclComm_t comm);
+
 // Bad input refused with ncclInvalidArgument on every rank (the culprit naming the token, slot
 // or size hint, the others naming the culprit), and the communicator usable afterwards.
 std::string check_ep_bad_input(ncclComm_t comm);
