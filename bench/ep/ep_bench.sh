@@ -187,8 +187,8 @@ if wants normal; then
 fi
 # Low-latency mode: the ratios, EP's mean times and its hooked calls' send + recv.
 if wants ll; then
-  echo "# summary, ll mode: ratio = EP GB/s / baseline GB/s (mean times); us: EP's mean, slowest"
-  echo "#          rank; hook: mean send + recv us of the calls with returnRecvHook=1"
+  echo "# summary, ll mode: ratio = EP GB/s / baseline GB/s (median times); us: EP's median,"
+  echo "#          slowest rank; hook: median send + recv us of the calls with returnRecvHook=1"
   printf '%-14s %5s %5s %10s %10s %10s %10s %16s %16s\n' "#where" ranks dtype disp_x comb_x \
     ep_disp_us ep_comb_us hook_disp_us hook_comb_us
   for f in "$work"/ll_shm2.txt "$work"/ll_shm4.txt "$work"/ll_bed2.txt "$work"/ll_bed4.txt; do
@@ -197,9 +197,9 @@ if wants ll; then
     case $f in *bed*) where=testbed_$rate ;; esac
     awk -v where="$where" '
       $1 != "ll" { next }
-      $4 == "ep" { ed[$3] = $6; ec[$3] = $10 }
-      $4 == "ep-send" { sd[$3] = $6; sc[$3] = $10 }
-      $4 == "ep-recv" { rd[$3] = $6; rc[$3] = $10 }
+      $4 == "ep" { ed[$3] = $6; ec[$3] = $11 }
+      $4 == "ep-send" { sd[$3] = $6; sc[$3] = $11 }
+      $4 == "ep-recv" { rd[$3] = $6; rc[$3] = $11 }
       $4 == "ep/base" { printf "%-14s %5s %5s %10s %10s %10s %10s %16s %16s\n", where, $2, $3, $5,
                         $6, ed[$3], ec[$3], sd[$3] "+" rd[$3], sc[$3] "+" rc[$3] }' "$f"
   done

@@ -119,8 +119,8 @@ void fill_expert_output(const LowLatencyReceived& r, size_t hidden, uint64_t see
                   hidden * sizeof(uint16_t));
 }
 
-LowLatencyFigures summarize(Rank& r, const Shape& s,
-                            const std::vector<double> (&seconds)[kNumLlSteps], int64_t pairs) {
+LowLatencyFigures summarize(Rank& r, const Shape& s, std::vector<double> (&seconds)[kNumLlSteps],
+                            int64_t pairs) {
   // DeepEP's bytes (test_low_latency.py) per valid (token, expert) pair of this rank's tokens.
   const size_t meta = 16;
   const size_t dispatch_pair = s.dtype == ncclFloat8e4m3
@@ -130,7 +130,10 @@ LowLatencyFigures summarize(Rank& r, const Shape& s,
   LowLatencyFigures f{};
   double inverse_gbps[kNumLlSteps], neg_min[kNumLlSteps];
   for (int i = 0; i < kNumLlSteps; ++i) {
-    const auto& v = seconds[i];
+    auto& v = seconds[i];  // reordered: the median (the upper one of an even count)
+    std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(v.size() / 2), v.end());
+    const double median = v[v.size() / 2];
+    f.median_us[i] = median * 1e6;
     double sum = 0;
     for (double x : v) sum += x;
     const double mean = sum / static_cast<double>(v.size());
@@ -142,8 +145,9 @@ LowLatencyFigures summarize(Rank& r, const Shape& s,
     const bool dispatch = i == kLlDispatch || i == kLlBaseDispatch;
     const double bytes =
         static_cast<double>(pairs) * static_cast<double>(dispatch ? dispatch_pair : combine_pair);
-    inverse_gbps[i] = rate && bytes > 0 ? mean * 1e9 / bytes : 0;
+    inverse_gbps[i] = rate && bytes > 0 ? median * 1e9 / bytes : 0;
   }
+  r.all_reduce(f.median_us, kNumLlSteps, ncclFloat64, ncclMax);
   r.all_reduce(f.mean_us, kNumLlSteps, ncclFloat64, ncclMax);
   r.all_reduce(f.max_us, kNumLlSteps, ncclFloat64, ncclMax);
   r.all_reduce(neg_min, kNumLlSteps, ncclFloat64, ncclMax);
@@ -234,14 +238,15 @@ LowLatencyFigures run_low_latency(Rank& r, chorusEpBuffer_t buffer, const Shape&
 
 void print_low_latency_header() {
   std::printf(
-      "# time: us per call, mean over iterations (max over ranks), min and max over iterations "
-      "and ranks; GB/s (1e9): DeepEP's bytes of the rank's valid (token, expert) pairs / mean, "
+      "# time: us per call, median and mean over iterations (each the max over ranks), min and "
+      "max over iterations and ranks; GB/s (1e9): DeepEP's bytes of the rank's valid (token, "
+      "expert) pairs / median, "
       "min over ranks: dispatch (hidden + hidden/128*4 + 16) per pair with fp8, (hidden*2 + 16) "
       "with bf16, combine hidden*2 per pair; ep-send: the call with returnRecvHook=1 until it "
       "returns, ep-recv: chorusEpHookWait right after\n");
-  std::printf("%-7s %5s %5s %-10s %11s %9s %9s %9s %9s %9s %9s %9s %9s\n", "#mode", "ranks",
-              "dtype", "impl", "pairs", "disp_us", "disp_min", "disp_max", "disp_GB/s", "comb_us",
-              "comb_min", "comb_max", "comb_GB/s");
+  std::printf("%-7s %5s %5s %-10s %11s %9s %9s %9s %9s %9s %9s %9s %9s %9s %9s\n", "#mode", "ranks",
+              "dtype", "impl", "pairs", "disp_us", "disp_mean", "disp_min", "disp_max", "disp_GB/s",
+              "comb_us", "comb_mean", "comb_min", "comb_max", "comb_GB/s");
 }
 
 void print_low_latency_rows(int nranks, ncclDataType_t t, const LowLatencyFigures& f) {
@@ -250,18 +255,19 @@ void print_low_latency_rows(int nranks, ncclDataType_t t, const LowLatencyFigure
     return f.gbps[i] > 0 ? fmt::format("{:.3f}", f.gbps[i]) : std::string("-");
   };
   auto row = [&](const char* impl, int dispatch, int combine) {
-    std::printf("%-7s %5d %5s %-10s %11s %9.1f %9.1f %9.1f %9s %9.1f %9.1f %9.1f %9s\n", "ll",
-                nranks, dtype_name(t), impl, pairs.c_str(), f.mean_us[dispatch], f.min_us[dispatch],
-                f.max_us[dispatch], rate(dispatch).c_str(), f.mean_us[combine], f.min_us[combine],
-                f.max_us[combine], rate(combine).c_str());
+    std::printf("%-7s %5d %5s %-10s %11s %9.1f %9.1f %9.1f %9.1f %9s %9.1f %9.1f %9.1f %9.1f %9s\n",
+                "ll", nranks, dtype_name(t), impl, pairs.c_str(), f.median_us[dispatch],
+                f.mean_us[dispatch], f.min_us[dispatch], f.max_us[dispatch], rate(dispatch).c_str(),
+                f.median_us[combine], f.mean_us[combine], f.min_us[combine], f.max_us[combine],
+                rate(combine).c_str());
   };
   row("ep", kLlDispatch, kLlCombine);
   row("ep-send", kLlDispatchSend, kLlCombineSend);
   row("ep-recv", kLlDispatchRecv, kLlCombineRecv);
   row("alltoallv", kLlBaseDispatch, kLlBaseCombine);
-  std::printf("%-7s %5d %5s %-10s %11s %9s %9s %9s %8.2fx %9s %9s %9s %8.2fx\n", "ll", nranks,
-              dtype_name(t), "ep/base", "", "", "", "",
-              f.gbps[kLlDispatch] / f.gbps[kLlBaseDispatch], "", "", "",
+  std::printf("%-7s %5d %5s %-10s %11s %9s %9s %9s %9s %8.2fx %9s %9s %9s %9s %8.2fx\n", "ll",
+              nranks, dtype_name(t), "ep/base", "", "", "", "", "",
+              f.gbps[kLlDispatch] / f.gbps[kLlBaseDispatch], "", "", "", "",
               f.gbps[kLlCombine] / f.gbps[kLlBaseCombine]);
   std::fflush(stdout);
 }

@@ -34,10 +34,11 @@ enum LowLatencyStep {
 
 // One configuration's figures, the same on every rank.
 struct LowLatencyFigures {
-  double mean_us[kNumLlSteps];  // mean over iterations, max over ranks
-  double min_us[kNumLlSteps];   // over iterations and ranks
+  double median_us[kNumLlSteps];  // median over iterations, max over ranks
+  double mean_us[kNumLlSteps];    // mean over iterations (DeepEP's avg_t), max over ranks
+  double min_us[kNumLlSteps];     // over iterations and ranks
   double max_us[kNumLlSteps];
-  double gbps[kNumLlSteps];      // per rank DeepEP bytes / mean, min over ranks (0: not a rate)
+  double gbps[kNumLlSteps];      // per rank DeepEP bytes / median, min over ranks (0: not a rate)
   int64_t pairs_min, pairs_max;  // valid (token, expert) pairs of a rank's tokens
 };
 
