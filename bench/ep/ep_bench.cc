@@ -6,8 +6,9 @@
 // (baseline.h), after checking once that both give the same results on every rank. Ranks are
 // processes (chorus-run, mpirun, torchrun) x threads (-t); rank 0 prints the table.
 //
-// Modes: "normal" (DeepEP's normal mode) is run_normal(); a low-latency mode would be a second
-// run_<mode>() beside it, chosen by --mode, printing the same table.
+// Modes (--mode): "normal" (DeepEP's normal mode) is run_normal() here; "ll" (DeepEP's
+// low-latency mode: 128 tokens, per-expert layout, FP8 cast in the dispatch, hooks) is
+// run_low_latency() in low_latency.cc.
 #include <chorus/chorus.h>
 #include <chorus/ep.h>
 #include <fmt/format.h>
@@ -26,32 +27,20 @@
 
 #include "bench/coll/world.h"
 #include "bench/ep/baseline.h"
+#include "bench/ep/low_latency.h"
+#include "bench/ep/rank.h"
 #include "bench/ep/tokens.h"
 
 namespace chorus::bench::ep {
 namespace {
 
-enum class Mode { kNormal };
-const char* mode_name(Mode) { return "normal"; }
-
-struct Options {
-  Mode mode = Mode::kNormal;
-  Shape shape;  // dtype: see dtypes
-  std::vector<ncclDataType_t> dtypes = {ncclBfloat16, ncclFloat8e4m3};
-  int iters = 20;
-  int warmup = 3;
-  int nthreads = 1;
-  uint64_t seed = 0;
-};
-
-const char* dtype_name(ncclDataType_t t) { return t == ncclFloat8e4m3 ? "fp8" : "bf16"; }
-
 constexpr const char* kUsage =
-    "usage: ep_bench [--mode normal] [-T|--tokens N] [-H|--hidden N] [-k|--topk N]\n"
+    "usage: ep_bench [--mode normal|ll] [-T|--tokens N] [-H|--hidden N] [-k|--topk N]\n"
     "                [-E|--experts N] [-d|--dtype bf16,fp8] [-n|--iters N] [-w|--warmup N]\n"
     "                [-t|--nthreads N] [--seed N]\n"
     "defaults: normal mode, 4096 tokens per rank, hidden 7168, top-8 of 256 experts, bf16 and\n"
     "fp8 dispatch (combine in bf16), 20 timed iterations after 3 warm-up ones, 1 thread.\n"
+    "--mode ll: DeepEP's low-latency mode, 128 tokens per rank unless -T is given.\n"
     "Ranks: processes (chorus-run -n P ep_bench) x threads (-t T).\n";
 
 // Parses the command line; "" or the error.
@@ -63,6 +52,7 @@ std::string parse(int argc, char** argv, Options& o) {
       return fmt::format("{}: '{}' is not an integer >= {}", flag, v, min);
     return "";
   };
+  bool tokens_given = false;
   for (int i = 1; i < argc; ++i) {
     const std::string flag = argv[i];
     if (flag == "-h" || flag == "--help") return "help";
@@ -71,8 +61,12 @@ std::string parse(int argc, char** argv, Options& o) {
     long n = 0;
     std::string err;
     if (flag == "--mode") {
-      if (std::strcmp(v, "normal") != 0) return fmt::format("--mode: '{}': only normal", v);
-      o.mode = Mode::kNormal;
+      if (std::strcmp(v, "normal") == 0)
+        o.mode = Mode::kNormal;
+      else if (std::strcmp(v, "ll") == 0)
+        o.mode = Mode::kLowLatency;
+      else
+        return fmt::format("--mode: '{}': normal or ll", v);
     } else if (flag == "-d" || flag == "--dtype") {
       o.dtypes.clear();
       std::string list = v;
@@ -90,6 +84,7 @@ std::string parse(int argc, char** argv, Options& o) {
     } else if (flag == "-T" || flag == "--tokens") {
       err = number(flag.c_str(), v, 1, n);
       o.shape.tokens = static_cast<size_t>(n);
+      tokens_given = true;
     } else if (flag == "-H" || flag == "--hidden") {
       err = number(flag.c_str(), v, 1, n);
       o.shape.hidden = static_cast<size_t>(n);
@@ -116,43 +111,13 @@ std::string parse(int argc, char** argv, Options& o) {
     }
     if (!err.empty()) return err;
   }
+  if (o.mode == Mode::kLowLatency && !tokens_given) o.shape.tokens = kLowLatencyTokens;
   if (o.shape.topk > o.shape.experts) return "--topk: more than --experts";
   for (ncclDataType_t t : o.dtypes)
     if (t == ncclFloat8e4m3 && o.shape.hidden % kFp8Block != 0)
       return fmt::format("--hidden {}: fp8 needs a multiple of {}", o.shape.hidden, kFp8Block);
   return "";
 }
-
-// A failed call ends the whole job at once: chorus-run then stops the other processes, and
-// the other rank threads of this one go with it.
-[[noreturn]] void fail(int rank, const std::string& what) {
-  std::fprintf(stderr, "ep_bench: rank %d: FAILED: %s\n", rank, what.c_str());
-  std::fflush(stdout);
-  std::fflush(stderr);
-  std::_Exit(1);
-}
-void check(int rank, ncclResult_t r, const char* what) {
-  if (r != ncclSuccess)
-    fail(rank, fmt::format("{}: {} ({})", what, ncclGetErrorString(r), ncclGetLastError(nullptr)));
-}
-
-// One rank of the job and what it shares with the others.
-struct Rank {
-  const Options& opt;
-  ncclComm_t comm;
-  int rank;
-  int nranks;
-  std::vector<int64_t> host;  // [nranks]: a hash of each rank's host name
-
-  void barrier() {
-    float one = 1.0f;
-    check(rank, ncclAllReduce(&one, &one, 1, ncclFloat, ncclSum, comm, nullptr), "barrier");
-  }
-  template <typename T>
-  void all_reduce(T* v, size_t count, ncclDataType_t t, ncclRedOp_t op) {
-    check(rank, ncclAllReduce(v, v, count, t, op, comm, nullptr), "ncclAllReduce of results");
-  }
-};
 
 // The four timed steps, in the order each iteration runs them.
 enum Step { kEpDispatch, kEpCombine, kBaseDispatch, kBaseCombine, kNumSteps };
@@ -318,8 +283,7 @@ Figures run_normal(Rank& r, chorusEpBuffer_t buffer, const Shape& s) {
       r.barrier();
       const auto t0 = std::chrono::steady_clock::now();
       check(r.rank, steps[i](), names[i]);
-      seconds[i].push_back(
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+      seconds[i].push_back(seconds_since(t0));
     }
 
   return summarize(r, s, seconds, num_recv, tokens);
@@ -328,11 +292,16 @@ Figures run_normal(Rank& r, chorusEpBuffer_t buffer, const Shape& s) {
 void print_header(const Options& o, const World& w, int nranks, size_t hosts) {
   std::printf("# ep_bench, Chorus %s\n", chorusBuildInfo());
   std::printf(
-      "# %d ranks (%d process%s x %d thread%s, %s) on %zu host%s; tokens %zu per rank, "
-      "hidden %zu, top-%d of %d experts, %d timed iterations after %d warm-up, seed %llu\n",
-      nranks, w.nprocs, w.nprocs == 1 ? "" : "es", o.nthreads, o.nthreads == 1 ? "" : "s",
-      launcher_name(w.launcher), hosts, hosts == 1 ? "" : "s", o.shape.tokens, o.shape.hidden,
-      o.shape.topk, o.shape.experts, o.iters, o.warmup, static_cast<unsigned long long>(o.seed));
+      "# %s mode, %d ranks (%d process%s x %d thread%s, %s) on %zu host%s; tokens %zu per "
+      "rank, hidden %zu, top-%d of %d experts, %d timed iterations after %d warm-up, seed %llu\n",
+      mode_name(o.mode), nranks, w.nprocs, w.nprocs == 1 ? "" : "es", o.nthreads,
+      o.nthreads == 1 ? "" : "s", launcher_name(w.launcher), hosts, hosts == 1 ? "" : "s",
+      o.shape.tokens, o.shape.hidden, o.shape.topk, o.shape.experts, o.iters, o.warmup,
+      static_cast<unsigned long long>(o.seed));
+  if (o.mode == Mode::kLowLatency) {
+    print_low_latency_header();
+    return;
+  }
   std::printf(
       "# time: median over iterations, max over ranks; GB/s (1e9): received rows "
       "(DeepEP: recv x [+ fp8 scales]; combine: the same rows in bf16) / time, min over "
@@ -385,7 +354,14 @@ void run_rank(const Options& opt, const World& world, int local) {
       static_cast<size_t>(std::unique(hosts.begin(), hosts.end()) - hosts.begin());
 
   size_t bytes = 0;
-  check(rank,
+  if (opt.mode == Mode::kLowLatency)
+    check(rank,
+          chorusEpLowLatencySizeHint(nranks, opt.shape.tokens, opt.shape.hidden, opt.shape.experts,
+                                     opt.shape.topk, &bytes),
+          "chorusEpLowLatencySizeHint");
+  else
+    check(
+        rank,
         chorusEpBufferSizeHint(nranks, opt.shape.tokens, opt.shape.hidden, opt.shape.topk, &bytes),
         "chorusEpBufferSizeHint");
   chorusEpBuffer_t buffer = nullptr;
@@ -394,13 +370,18 @@ void run_rank(const Options& opt, const World& world, int local) {
   for (ncclDataType_t t : opt.dtypes) {
     Shape s = opt.shape;
     s.dtype = t;
-    Figures f{};
     switch (opt.mode) {
-      case Mode::kNormal:
-        f = run_normal(r, buffer, s);
+      case Mode::kNormal: {
+        const Figures f = run_normal(r, buffer, s);
+        if (rank == 0) print_rows(opt.mode, nranks, t, f);
         break;
+      }
+      case Mode::kLowLatency: {
+        const LowLatencyFigures f = run_low_latency(r, buffer, s);
+        if (rank == 0) print_low_latency_rows(nranks, t, f);
+        break;
+      }
     }
-    if (rank == 0) print_rows(opt.mode, nranks, t, f);
   }
   check(rank, chorusEpBufferDestroy(buffer), "chorusEpBufferDestroy");
   check(rank, ncclCommDestroy(r.comm), "ncclCommDestroy");
