@@ -799,8 +799,11 @@ void kill_and_expect_ep_failures(Children* children, int nranks, int victim) {
 // MoE dispatch and combine (include/chorus/ep.h) in a loop on 3 ranks; one is killed in the
 // middle. Whichever step the survivors are in (the count exchange, the agreement, the token
 // transfers), the call fails with ncclRemoteError, and a survivor names the dead rank's pid.
+// Blocking, and queued on a host stream (the failure then comes from the call or the stream).
 TEST_CASE("SIGKILL during EP dispatch and combine over shared memory: survivors fail naming it",
           "[mp][fault][shm][ep]") {
+  const bool queued = GENERATE(false, true);
+  CAPTURE(queued);
   const int nranks = 3, victim = 1;
   const size_t tokens = 64, hidden = 512;
   const int topk = 2, experts = 2 * nranks;
@@ -825,6 +828,9 @@ TEST_CASE("SIGKILL during EP dispatch and combine over shared memory: survivors 
           a.x = x.data(), a.datatype = ncclFloat32, a.numTokens = tokens, a.hidden = hidden;
           a.topkIdx = idx.data(), a.topkWeights = w.data(), a.topk = topk, a.numExperts = experts;
           a.expertAlignment = 1;
+          chorusStream_t stream = nullptr;
+          if (queued && chorusStreamCreate(&stream) != ncclSuccess)
+            return "init=failed msg=" + last_error();
           ncclResult_t r = ncclSuccess;
           int iterations = 0;
           for (; r == ncclSuccess && iterations < 1000000; ++iterations) {
@@ -833,13 +839,17 @@ TEST_CASE("SIGKILL during EP dispatch and combine over shared memory: survivors 
             o.recvX = rx.data(), o.recvTopkIdx = ridx.data(), o.recvTopkWeights = rw.data();
             o.recvCapacity = cap;
             chorusEpHandle_t h = nullptr;
-            r = chorusEpDispatch(buf, &a, &o, &h);
+            r = chorusEpDispatchAsync(buf, &a, &o, &h, stream);
+            if (r == ncclSuccess && queued) r = chorusStreamSynchronize(stream);
             if (r == ncclSuccess)
-              r = chorusEpCombine(buf, h, rx.data(), ncclFloat32, rw.data(), out.data(), ow.data());
+              r = chorusEpCombineAsync(buf, h, rx.data(), ncclFloat32, rw.data(), out.data(),
+                                       ow.data(), stream);
+            if (r == ncclSuccess && queued) r = chorusStreamSynchronize(stream);
             if (h != nullptr) chorusEpHandleDestroy(h);
           }
           const std::string msg = last_error();
           chorusEpBufferDestroy(buf);
+          if (stream != nullptr) chorusStreamDestroy(stream);
           ncclCommAbort(comm);
           return fmt::format("result={} iters={} msg={}", static_cast<int>(r), iterations, msg);
         });
