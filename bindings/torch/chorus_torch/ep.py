@@ -122,8 +122,9 @@ class Buffer:
         expert indices, and combine stages up to min(topk, local experts) rows per token). topk
         None (DeepEP's four arguments) sizes for the largest topk a token can use without naming
         an expert twice, min(num_experts, 1024): safe for every call that routes without padding
-        slots, but often several times the size needed; pass the model's topk for the exact
-        size. The size does not depend on the dtype or on FP8 (it covers float32 tokens)."""
+        slots, but often several times the size needed (128 tokens of hidden 7168, 8 ranks, 256
+        experts: 3.8 GB, against 0.53 GB with topk 8); pass the model's topk for the exact size.
+        The size does not depend on the dtype or on FP8 (it covers float32 tokens)."""
         if topk is None:
             topk = min(num_experts, MAX_TOPK)
         return _C.ep_low_latency_size_hint(num_ranks, num_max_dispatch_tokens_per_rank, hidden,
