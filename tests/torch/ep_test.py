@@ -21,7 +21,8 @@ reference computed from them:
     <chorus/ep.h> derives them, values within E4M3's bound), recv_count and the rows of each local
     expert in the promised order (source rank, then token), then low_latency_combine of rows
     derived from each row's token and expert (NaN in unused rows) against <chorus/ep.h>'s weighted
-    sum, bit for bit; return_recv_hook off and on (a hook called twice, a hook dropped uncalled),
+    sum, bit for bit; return_recv_hook off and on (a hook called twice, a hook dropped uncalled,
+    cumulative_local_expert_recv_stats added to once the data is valid),
     two micro-batches in flight (dispatch A, dispatch B, hook A, hook B; the same for combine), a
     third call refused, a combine before its dispatch hook refused, an expert index out of range on
     rank 0 (raising on every rank, naming the index there), local argument checks, and a hook
@@ -374,10 +375,11 @@ class LowLatencyCase:
         self.all_idx = [a[1] for a in all_in]
         self.x, self.idx, self.w = all_in[buf.rank]
 
-    def dispatch(self, hook):
+    def dispatch(self, hook, stats=None):
         common.CURRENT[0] = self.what + " dispatch"
         self.recv_x, self.recv_count, self.handle, event, self.hook = self.buf.low_latency_dispatch(
-            self.x, self.idx, LL_MAX_TOKENS, self.num_experts, return_recv_hook=hook, **self.flags)
+            self.x, self.idx, LL_MAX_TOKENS, self.num_experts, cumulative_local_expert_recv_stats=stats,
+            return_recv_hook=hook, **self.flags)
         self.ck.equal(f"{self.what}: dispatch event, hook", (event, self.hook is None), (None, not hook))
         if hook:
             self.ck.equal(f"{self.what}: dispatch hook pending", self.hook.done, False)
@@ -405,11 +407,17 @@ class LowLatencyCase:
         self.ck.equal(f"{self.what}: combined_x", self.combined,
                       ll_combined(self.x, self.idx, self.w, self.combine_dtype))
 
-    def run(self, hook):
-        """Dispatch and combine, one call in flight."""
-        self.dispatch(hook)
+    def run(self, hook, stats=None):
+        """Dispatch (adding to stats, DeepEP's cumulative_local_expert_recv_stats, when given) and
+        combine, one call in flight."""
+        before = None if stats is None else stats.clone()
+        self.dispatch(hook, stats)
         if hook:
+            if stats is not None:
+                self.ck.equal(f"{self.what}: stats before the hook", stats, before)
             self.run_hook()
+        if stats is not None:
+            self.ck.equal(f"{self.what}: stats += recv_count (once)", stats, before + self.recv_count)
         self.check_dispatch()
         self.combine(hook)
         if hook:
@@ -430,10 +438,11 @@ def low_latency(ck, world, num_experts):
         return LowLatencyCase(buf, ck, world, num_experts, n, dtype, **kw)
 
     # One call in flight, hooks off and on; BF16 and FP32 exact, FP8 within E4M3's bound.
-    case(0, torch.bfloat16).run(hook=False)
+    stats = torch.full((num_experts // world,), 5, dtype=torch.int32)
+    case(0, torch.bfloat16).run(hook=False, stats=stats)
     case(1, torch.float32, combine_dtype=torch.float32).run(hook=True)
     case(2, torch.bfloat16, use_fp8=True).run(hook=False)
-    case(3, torch.bfloat16, use_fp8=True, round_scale=True).run(hook=True)
+    case(3, torch.bfloat16, use_fp8=True, round_scale=True).run(hook=True, stats=stats)
     case(4, torch.float32, use_fp8=True, use_ue8m0=True, combine_dtype=torch.float32).run(hook=False)
 
     # A hook never called: dropped, it waits and frees its slot (two calls fit in flight below).
