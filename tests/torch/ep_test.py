@@ -450,6 +450,11 @@ def low_latency(ck, world, num_experts):
     dropped.dispatch(hook=True)
     dropped.hook = None
     dropped.check_dispatch()  # the dropped hook wrote the outputs it kept alive
+    # Outputs dropped before their hook runs: the hook keeps them until it has written them.
+    orphan = case(11, torch.float32, use_fp8=True)
+    orphan.dispatch(hook=True)
+    del orphan.recv_x, orphan.recv_count
+    orphan.run_hook()
 
     # Two micro-batches in flight: dispatch A, dispatch B, hook A, hook B; likewise for combine.
     a = case(6, torch.bfloat16, use_fp8=True)

@@ -281,7 +281,8 @@ class EpBuffer {
                                                 bool return_recv_hook);
   std::tuple<at::Tensor, std::shared_ptr<EpHook>> low_latency_combine(
       const at::Tensor& x, const at::Tensor& topk_idx, const at::Tensor& topk_weights,
-      const EpLowLatencyHandle& handle, bool return_recv_hook, const c10::optional<at::Tensor>& out);
+      const EpLowLatencyHandle& handle, bool return_recv_hook,
+      const c10::optional<at::Tensor>& out);
 
  private:
   // The live buffer (under state_->mu), or a ValueError naming `call`.
