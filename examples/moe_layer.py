@@ -13,6 +13,10 @@ the weighted sum of their outputs. Per step:
   get_dispatch_layout -> dispatch (each token to the ranks of its experts) -> every local expert
   on the received tokens routed to it, each output times the token's router weight, summed per
   received token -> combine (those sums back to the token's rank, added up there).
+With --low-latency the layer uses the low-latency calls instead (DeepEP's decoding path):
+  low_latency_dispatch (each token to its experts' rows, per local expert) -> its hook (a model
+  would overlap other work before calling it) -> every local expert on its rows ->
+  low_latency_combine (the rows back to the token's rank, summed there weighted by the router).
 Every expert's and the router's weights come from --seed, so every rank can also compute the
 layer densely for its own tokens (every expert on every token); the rank prints the largest
 difference between the two ("moe_layer: OK on rank R ...") and exits non-zero if it is above
@@ -45,11 +49,12 @@ class Expert(nn.Module):
 class MoELayer(nn.Module):
     """All num_experts experts are built (from the seed); the EP path runs only this rank's."""
 
-    def __init__(self, buffer, hidden, ffn, num_experts, topk, seed, dtype):
+    def __init__(self, buffer, hidden, ffn, num_experts, topk, seed, dtype, max_tokens=0):
         super().__init__()
         torch.manual_seed(seed)
         self.buffer = buffer
         self.topk = topk
+        self.max_tokens = max_tokens  # > 0: the low-latency path, up to max_tokens per rank
         self.router = nn.Linear(hidden, num_experts, bias=False)
         self.experts = nn.ModuleList(Expert(hidden, ffn) for _ in range(num_experts))
         self.local = num_experts // buffer.num_ranks
@@ -63,6 +68,8 @@ class MoELayer(nn.Module):
         return idx, weights / weights.sum(dim=-1, keepdim=True)
 
     def forward(self, x):
+        if self.max_tokens:
+            return self.forward_low_latency(x)
         idx, weights = self.route(x)
         per_rank, _, per_expert, in_rank, _ = self.buffer.get_dispatch_layout(idx, len(self.experts))
         recv_x, recv_idx, recv_w, _, handle, _ = self.buffer.dispatch(
@@ -76,6 +83,19 @@ class MoELayer(nn.Module):
                 out = self.experts[self.first_local + e](recv_x[rows]).float()
                 y.index_add_(0, rows, out * recv_w[rows, slots].unsqueeze(1))
         combined, _, _ = self.buffer.combine(y.to(x.dtype), handle)
+        return combined
+
+    def forward_low_latency(self, x):
+        idx, weights = self.route(x)
+        recv_x, recv_count, handle, _, hook = self.buffer.low_latency_dispatch(
+            x, idx, self.max_tokens, len(self.experts), use_fp8=False, return_recv_hook=True)
+        hook()  # recv_x and recv_count are valid from here on
+        # Local expert e's tokens are rows recv_x[e, :recv_count[e]]; its outputs go in the same
+        # rows of y (the others are not read). Combine weights and sums them per token.
+        y = torch.empty(recv_x.shape, dtype=x.dtype)
+        for e, n in enumerate(recv_count.tolist()):
+            y[e, :n] = self.experts[self.first_local + e](recv_x[e, :n])
+        combined, _, _ = self.buffer.low_latency_combine(y, idx, weights, handle)
         return combined
 
     def dense(self, x):
@@ -97,15 +117,21 @@ def main():
     p.add_argument("--topk", type=int, default=2)
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--low-latency", action="store_true", help="low_latency_dispatch / _combine")
     args = p.parse_args()
     dtype = getattr(torch, args.dtype)
 
     dist.init_process_group("chorus", timeout=datetime.timedelta(seconds=60))
     rank, world = dist.get_rank(), dist.get_world_size()
-    size = Buffer.get_buffer_size_hint(world, args.tokens, args.hidden, args.topk)
-    with Buffer(dist.group.WORLD, size) as buffer, torch.no_grad():
-        layer = MoELayer(buffer, args.hidden, args.ffn, args.experts_per_rank * world, args.topk,
-                         args.seed, dtype)
+    num_experts = args.experts_per_rank * world
+    if args.low_latency:
+        size = Buffer.get_low_latency_rdma_size_hint(max(args.tokens, 1), args.hidden, world, num_experts, args.topk)
+        buffer = Buffer(dist.group.WORLD, 0, size, low_latency_mode=True)
+    else:
+        buffer = Buffer(dist.group.WORLD, Buffer.get_buffer_size_hint(world, args.tokens, args.hidden, args.topk))
+    with buffer, torch.no_grad():
+        layer = MoELayer(buffer, args.hidden, args.ffn, num_experts, args.topk, args.seed, dtype,
+                         max_tokens=max(args.tokens, 1) if args.low_latency else 0)
         x = torch.randn(args.tokens, args.hidden, generator=torch.Generator().manual_seed(
             args.seed + 1 + rank)).to(dtype)
         ep, dense = layer(x), layer.dense(x)
@@ -113,7 +139,7 @@ def main():
     scale = float(dense.float().abs().max()) if args.tokens else 0.0
     ok = err <= TOLERANCE[dtype] * max(scale, 1.0)
     print(f"moe_layer: {'OK' if ok else 'TOO LARGE'} on rank {rank} of {world}: {args.tokens} tokens, "
-          f"{args.experts_per_rank * world} experts, top-{args.topk}, {args.dtype}: "
+          f"{'low-latency, ' if args.low_latency else ''}{num_experts} experts, top-{args.topk}, {args.dtype}: "
           f"max |EP - dense| = {err:.3g} (outputs up to {scale:.3g})", flush=True)
     dist.destroy_process_group()
     return 0 if ok else 1

@@ -15,7 +15,18 @@ reference computed from them:
   - bad input raises with a message: an expert index out of range on one rank raises on every
     rank (naming the token there, the rank elsewhere); a wrong dtype or shape, a cached-dispatch
     handle, async_finish, a destroyed Buffer raise locally; a too-small buffer names the size hint;
-  - the Buffer and the group work afterwards, an all_reduce of the group running beside a dispatch.
+  - the Buffer and the group work afterwards, an all_reduce of the group running beside a dispatch;
+  - low-latency mode on a Buffer sized by get_low_latency_rdma_size_hint: low_latency_dispatch of
+    BF16 and FP32 rows (bit for bit) and FP8 (float, round_scale and UE8M0 scales exactly as
+    <chorus/ep.h> derives them, values within E4M3's bound), recv_count and the rows of each local
+    expert in the promised order (source rank, then token), then low_latency_combine of rows
+    derived from each row's token and expert (NaN in unused rows) against <chorus/ep.h>'s weighted
+    sum, bit for bit; return_recv_hook off and on (a hook called twice, a hook dropped uncalled,
+    cumulative_local_expert_recv_stats added to once the data is valid),
+    two micro-batches in flight (dispatch A, dispatch B, hook A, hook B; the same for combine), a
+    third call refused, a combine before its dispatch hook refused, an expert index out of range on
+    rank 0 (raising on every rank, naming the index there), local argument checks, and a hook
+    outliving its destroyed Buffer.
 Prints "ep test: OK on rank R"; exits non-zero on a failure. Chorus only.
 """
 import sys
@@ -224,6 +235,293 @@ def bad_inputs(buf, ck, world, num_experts):
     ck.raises("destroyed buffer", ValueError, "destroyed", lambda: small.dispatch(x, **kw))
 
 
+# ---- Low-latency mode (low_latency_dispatch / low_latency_combine) ----
+
+LL_MAX_TOKENS = 32  # num_max_dispatch_tokens_per_rank: >= every rank's tokens
+
+
+def e4m3_table():
+    """The value of each E4M3 (fn) byte, float64; NaN for 0x7f and 0xff."""
+    vals = []
+    for b in range(256):
+        sign = -1.0 if b & 0x80 else 1.0
+        exp, man = (b >> 3) & 0xF, b & 0x7
+        if exp == 0xF and man == 0x7:
+            vals.append(float("nan"))
+        elif exp == 0:
+            vals.append(sign * man / 8 * 2.0 ** -6)
+        else:
+            vals.append(sign * (1 + man / 8) * 2.0 ** (exp - 7))
+    return torch.tensor(vals, dtype=torch.float64)
+
+
+E4M3 = e4m3_table()
+FLT_MIN = 2.0 ** -126
+
+
+def ll_inputs(rank, num_experts, case, dtype):
+    """inputs(), x in `dtype`, with an all-zero 128-channel block in token 1 (FP8's FLT_MIN scale)."""
+    x, idx, w = inputs(rank, num_experts, 100 + case)
+    if x.shape[0] > 1:
+        x[1, 128:256] = 0
+    return x.to(dtype), idx, w
+
+
+def ll_routes(rank, world, num_experts, all_idx):
+    """Per local expert of `rank`: the (source rank, token) of each row, in the promised order."""
+    local = num_experts // world
+    return [[(src, t) for src in range(world) for t in range(all_idx[src].shape[0])
+             if bool((all_idx[src][t] == rank * local + e).any())] for e in range(local)]
+
+
+def ll_expert_row(x_row, expert, dtype):
+    """What expert `expert` returns for a token: a function of the token and the expert."""
+    return (x_row.float() * (0.5 + 0.25 * expert)).to(dtype)
+
+
+def expected_scales(x, round_scale):
+    """Float64 scale per 128-channel block of x [tokens, hidden] (<chorus/ep.h>'s FP8 rule)."""
+    amax = x.float().reshape(x.shape[0], HIDDEN // 128, 128).abs().amax(dim=2)
+    if not round_scale:
+        return torch.clamp(amax / 448, min=FLT_MIN).double()
+    out = torch.empty(amax.shape, dtype=torch.float64)
+    for i, a in enumerate(amax.double().flatten().tolist()):
+        e = -127
+        while e < 127 and a > 448 * 2.0 ** e:
+            e += 1
+        out.view(-1)[i] = 2.0 ** e
+    return out
+
+
+def check_ll_dispatch(ck, what, world, num_experts, all_x, all_idx, got, use_fp8, round_scale, use_ue8m0):
+    """recv_x / recv_count of this rank against every rank's inputs."""
+    from chorus_torch.ep import FP8_DTYPE
+    rank = dist.get_rank()
+    recv_x, recv_count = got
+    routes = ll_routes(rank, world, num_experts, all_idx)
+    local, rows = num_experts // world, world * LL_MAX_TOKENS
+    ck.equal(f"{what}: recv_count", recv_count, torch.tensor([len(r) for r in routes], dtype=torch.int32))
+    if not use_fp8:
+        ck.equal(f"{what}: recv_x shape, dtype", (tuple(recv_x.shape), recv_x.dtype),
+                 ((local, rows, HIDDEN), all_x[0].dtype))
+        for e, r in enumerate(routes):
+            want = torch.stack([all_x[s][t] for s, t in r]) if r else torch.empty(0, HIDDEN, dtype=all_x[0].dtype)
+            ck.equal(f"{what}: recv_x[{e}] rows", recv_x[e, :len(r)], want)
+        return
+    codes, scales = recv_x
+    ck.equal(f"{what}: codes and scales shapes, dtypes",
+             (tuple(codes.shape), codes.dtype, tuple(scales.shape), scales.dtype),
+             ((local, rows, HIDDEN), FP8_DTYPE, (local, rows, HIDDEN // 128),
+              torch.uint8 if use_ue8m0 else torch.float32))
+    all_s = [expected_scales(x, round_scale or use_ue8m0) for x in all_x]
+    for e, r in enumerate(routes):
+        if not r:
+            continue
+        x = torch.stack([all_x[s][t] for s, t in r]).double()
+        want_s = torch.stack([all_s[s][t] for s, t in r])
+        got_s = scales[e, :len(r)]
+        got_s = torch.pow(2.0, got_s.double() - 127) if use_ue8m0 else got_s.double()
+        ck.equal(f"{what}: scales of expert {e}", got_s, want_s)
+        # Decoded within E4M3's bound: |x' - x| <= (2^-4 + 2^-20) |x| + 2^-10 s + 2^-149.
+        s = want_s.repeat_interleave(128, dim=1)
+        decoded = E4M3[codes[e, :len(r)].view(torch.uint8).long()] * s
+        bound = (2.0 ** -4 + 2.0 ** -20) * x.abs() + 2.0 ** -10 * s + 2.0 ** -149
+        err = (decoded - x).abs()
+        ck.checks += 1
+        if not bool((err <= bound).all()):
+            worst = int((err - bound).argmax())
+            ck.failures.append(f"{what}: expert {e}: FP8 value {float(decoded.view(-1)[worst])} "
+                               f"for {float(x.view(-1)[worst])} is outside E4M3's bound {float(bound.view(-1)[worst])}")
+
+
+def ll_expert_outputs(world, num_experts, all_x, all_idx, dtype):
+    """This rank's combine input [L, R, hidden]: each received row's expert output, NaN elsewhere
+    (rows combine must not read)."""
+    rank = dist.get_rank()
+    local = num_experts // world
+    y = torch.full((local, world * LL_MAX_TOKENS, HIDDEN), float("nan"), dtype=dtype)
+    for e, r in enumerate(ll_routes(rank, world, num_experts, all_idx)):
+        for j, (s, t) in enumerate(r):
+            y[e, j] = ll_expert_row(all_x[s][t], rank * local + e, dtype)
+    return y
+
+
+def ll_combined(x, idx, w, dtype):
+    """<chorus/ep.h>'s combine for this rank's tokens: acc = acc + fl(w * row) per slot in order,
+    in float, rounded once to dtype."""
+    out = torch.zeros(x.shape[0], HIDDEN)
+    for t in range(x.shape[0]):
+        acc = torch.zeros(HIDDEN)
+        for k in range(idx.shape[1]):
+            if int(idx[t, k]) >= 0:
+                acc = acc + w[t, k] * ll_expert_row(x[t], int(idx[t, k]), dtype).float()
+        out[t] = acc
+    return out.to(dtype)
+
+
+class LowLatencyCase:
+    """One low-latency dispatch + combine of every rank's tokens, started and checked in steps so
+    that two can be in flight."""
+
+    def __init__(self, buf, ck, world, num_experts, case, dtype, use_fp8=False, round_scale=False,
+                 use_ue8m0=False, combine_dtype=torch.bfloat16):
+        self.buf, self.ck, self.world, self.num_experts = buf, ck, world, num_experts
+        self.flags = dict(use_fp8=use_fp8, round_scale=round_scale, use_ue8m0=use_ue8m0)
+        self.combine_dtype = combine_dtype
+        self.what = (f"low-latency case {case} ({dtype}, fp8={use_fp8}, round_scale={round_scale}, "
+                     f"ue8m0={use_ue8m0}, combine {combine_dtype})")
+        all_in = [ll_inputs(r, num_experts, case, dtype) for r in range(world)]
+        self.all_x = [a[0] for a in all_in]
+        self.all_idx = [a[1] for a in all_in]
+        self.x, self.idx, self.w = all_in[buf.rank]
+
+    def dispatch(self, hook, stats=None):
+        common.CURRENT[0] = self.what + " dispatch"
+        self.recv_x, self.recv_count, self.handle, event, self.hook = self.buf.low_latency_dispatch(
+            self.x, self.idx, LL_MAX_TOKENS, self.num_experts, cumulative_local_expert_recv_stats=stats,
+            return_recv_hook=hook, **self.flags)
+        self.ck.equal(f"{self.what}: dispatch event, hook", (event, self.hook is None), (None, not hook))
+        if hook:
+            self.ck.equal(f"{self.what}: dispatch hook pending", self.hook.done, False)
+
+    def run_hook(self):
+        self.hook()
+        self.ck.equal(f"{self.what}: hook done", self.hook.done, True)
+        self.hook()  # a second call does nothing
+        self.hook = None
+
+    def check_dispatch(self):
+        check_ll_dispatch(self.ck, self.what, self.world, self.num_experts, self.all_x, self.all_idx,
+                          (self.recv_x, self.recv_count), **self.flags)
+
+    def combine(self, hook, out=None):
+        common.CURRENT[0] = self.what + " combine"
+        y = ll_expert_outputs(self.world, self.num_experts, self.all_x, self.all_idx, self.combine_dtype)
+        self.combined, event, self.hook = self.buf.low_latency_combine(
+            y, self.idx, self.w, self.handle, return_recv_hook=hook, out=out)
+        self.ck.equal(f"{self.what}: combine event, hook", (event, self.hook is None), (None, not hook))
+        if out is not None:
+            self.ck.equal(f"{self.what}: combine wrote into out", self.combined is out, True)
+
+    def check_combine(self):
+        self.ck.equal(f"{self.what}: combined_x", self.combined,
+                      ll_combined(self.x, self.idx, self.w, self.combine_dtype))
+
+    def run(self, hook, stats=None):
+        """Dispatch (adding to stats, DeepEP's cumulative_local_expert_recv_stats, when given) and
+        combine, one call in flight."""
+        before = None if stats is None else stats.clone()
+        self.dispatch(hook, stats)
+        if hook:
+            if stats is not None:
+                self.ck.equal(f"{self.what}: stats before the hook", stats, before)
+            self.run_hook()
+        if stats is not None:
+            self.ck.equal(f"{self.what}: stats += recv_count (once)", stats, before + self.recv_count)
+        self.check_dispatch()
+        self.combine(hook)
+        if hook:
+            self.run_hook()
+        self.check_combine()
+
+
+def low_latency(ck, world, num_experts):
+    from chorus_torch.ep import Buffer
+    rank = dist.get_rank()
+    hint = Buffer.get_low_latency_rdma_size_hint(LL_MAX_TOKENS, HIDDEN, world, num_experts, TOPK)
+    ck.equal("LL size hint without topk covers topk", Buffer.get_low_latency_rdma_size_hint(
+        LL_MAX_TOKENS, HIDDEN, world, num_experts) >= hint, True)
+    buf = Buffer(None, 0, hint, low_latency_mode=True)
+    ck.equal("LL buffer attributes", (buf.num_bytes, buf.low_latency_mode), (hint, True))
+
+    def case(n, dtype, **kw):
+        return LowLatencyCase(buf, ck, world, num_experts, n, dtype, **kw)
+
+    # One call in flight, hooks off and on; BF16 and FP32 exact, FP8 within E4M3's bound.
+    stats = torch.full((num_experts // world,), 5, dtype=torch.int32)
+    case(0, torch.bfloat16).run(hook=False, stats=stats)
+    case(1, torch.float32, combine_dtype=torch.float32).run(hook=True)
+    case(2, torch.bfloat16, use_fp8=True).run(hook=False)
+    case(3, torch.bfloat16, use_fp8=True, round_scale=True).run(hook=True, stats=stats)
+    case(4, torch.float32, use_fp8=True, use_ue8m0=True, combine_dtype=torch.float32).run(hook=False)
+
+    # A hook never called: dropped, it waits and frees its slot (two calls fit in flight below).
+    dropped = case(5, torch.bfloat16)
+    dropped.dispatch(hook=True)
+    dropped.hook = None
+    dropped.check_dispatch()  # the dropped hook wrote the outputs it kept alive
+    # Outputs dropped before their hook runs: the hook keeps them until it has written them.
+    orphan = case(11, torch.float32, use_fp8=True)
+    orphan.dispatch(hook=True)
+    del orphan.recv_x, orphan.recv_count
+    orphan.run_hook()
+
+    # Two micro-batches in flight: dispatch A, dispatch B, hook A, hook B; likewise for combine.
+    a = case(6, torch.bfloat16, use_fp8=True)
+    b = case(7, torch.bfloat16)
+    a.dispatch(hook=True)
+    b.dispatch(hook=True)
+    common.CURRENT[0] = "a third low-latency call in flight"
+    ck.raises("third call in flight", RuntimeError, ("in flight", "rank(s)"),
+              lambda: buf.low_latency_dispatch(a.x, a.idx, LL_MAX_TOKENS, num_experts, use_fp8=False))
+    common.CURRENT[0] = "combine before its dispatch hook ran"
+    ck.raises("combine before the dispatch hook", RuntimeError, ("hook has not been waited", "rank(s)"),
+              lambda: buf.low_latency_combine(
+                  ll_expert_outputs(world, num_experts, a.all_x, a.all_idx, torch.bfloat16), a.idx, a.w, a.handle))
+    a.run_hook()
+    b.run_hook()
+    a.check_dispatch()
+    b.check_dispatch()
+    out = torch.empty(a.x.shape[0], HIDDEN, dtype=torch.bfloat16)
+    a.combine(hook=True, out=out)
+    b.combine(hook=True)
+    a.run_hook()
+    b.run_hook()
+    a.check_combine()
+    b.check_combine()
+
+    # Bad input: an expert index out of range on rank 0 raises on every rank, naming it there.
+    common.CURRENT[0] = "low-latency expert index out of range on rank 0"
+    bad = case(8, torch.bfloat16)
+    bad_idx = bad.idx.clone()
+    if rank == 0:
+        bad_idx[0, 1] = num_experts  # token 0, slot 1
+    needle = f"expert index {num_experts}" if rank == 0 else "rank(s) 0"
+    ck.raises("LL expert out of range", RuntimeError, needle,
+              lambda: buf.low_latency_dispatch(bad.x, bad_idx, LL_MAX_TOKENS, num_experts, use_fp8=False))
+    common.CURRENT[0] = "low-latency local argument checks"
+    ck.raises("LL float64 x", TypeError, "bfloat16 or float32",
+              lambda: buf.low_latency_dispatch(bad.x.double(), bad.idx, LL_MAX_TOKENS, num_experts))
+    ck.raises("LL async_finish", NotImplementedError, "synchronous",
+              lambda: buf.low_latency_dispatch(bad.x, bad.idx, LL_MAX_TOKENS, num_experts, async_finish=True))
+    bad.dispatch(hook=False)  # the buffer works after the refusal
+    bad.check_dispatch()
+    y = ll_expert_outputs(world, num_experts, bad.all_x, bad.all_idx, torch.bfloat16)
+    if bad.idx.shape[0]:  # (with no tokens, any topk_idx of the shape is the dispatch's)
+        ck.raises("LL combine with another topk_idx", ValueError, "differs from the dispatch",
+                  lambda: buf.low_latency_combine(y, torch.full_like(bad.idx, -1), bad.w, bad.handle))
+    ck.raises("LL combine of wrong x shape", ValueError, "x must have shape",
+              lambda: buf.low_latency_combine(y[:, 1:].contiguous(), bad.idx, bad.w, bad.handle))
+    bad.combine(hook=False)
+    bad.check_combine()
+    buf.destroy()
+
+    # A buffer destroyed with a hook pending: the hook still completes (and frees the buffer's
+    # communicator); a second one, never called, is waited for when dropped.
+    common.CURRENT[0] = "a hook outliving its Buffer"
+    with Buffer(None, 0, hint, low_latency_mode=True) as buf2:
+        late = LowLatencyCase(buf2, ck, world, num_experts, 9, torch.bfloat16)
+        late.dispatch(hook=True)
+        never = LowLatencyCase(buf2, ck, world, num_experts, 10, torch.bfloat16)
+        never.dispatch(hook=True)
+    late.run_hook()
+    late.check_dispatch()
+    never.hook = None
+    never.check_dispatch()
+    ck.raises("LL call on a destroyed buffer", ValueError, "destroyed",
+              lambda: buf2.low_latency_dispatch(late.x, late.idx, LL_MAX_TOKENS, num_experts))
+
+
 def main():
     args = common.parse_args(__doc__)
     if args.backend_under_test != "chorus":
@@ -254,8 +552,11 @@ def main():
     ck.equal("all_reduce beside the EP calls", t, torch.full((1 << 16,), float(world * (world + 1) // 2)))
     buf.destroy()
 
-    for f in ck.failures:
-        print(f"[rank {rank}] FAIL {f}", flush=True)
+    try:
+        low_latency(ck, world, num_experts)
+    finally:  # the failures so far, also when a call raised
+        for f in ck.failures:
+            print(f"[rank {rank}] FAIL {f}", flush=True)
     if not ck.failures:
         print(f"ep test: OK on rank {rank} ({ck.checks} checks, {world} ranks, "
               f"{time.monotonic() - start:.1f} s after the group's start)", flush=True)

@@ -8,8 +8,10 @@
 #   dead_rank_test.py    a dead rank becomes a prompt RuntimeError naming it
 #   silent_rank_test.py  a live rank that stops calling: the group's timeout ends the wait, naming it
 #   init_methods_test.py tcp:// and file:// bootstrap (plain processes, no torchrun)
-#   ep_test.py           chorus_torch.ep.Buffer (MoE dispatch/combine) vs a reference, 2 and 4 ranks
-#   examples/moe_layer.py the example MoE layer matches its dense computation (NPROC ranks)
+#   ep_test.py           chorus_torch.ep.Buffer (MoE dispatch/combine, normal and low-latency) vs a
+#                        reference, 2 and 4 ranks
+#   examples/moe_layer.py the example MoE layer matches its dense computation (NPROC ranks), in
+#                        normal and low-latency (--low-latency) mode
 # Prints "ok <test>" or "FAIL <test>" per test and exits non-zero if any failed.
 #
 # Usage: tests/torch/run_torch_tests.sh <build-dir>
@@ -137,15 +139,18 @@ if [ "$UT" = chorus ]; then
         if [ $rc = 0 ] && [ "$n" = "$ranks" ]; then report "ep_test ($ranks ranks)" 0 "$log"
         else report "ep_test ($ranks ranks)" 1 "$log" "rc=$rc, $n/$ranks ranks OK"; fi
     done
-    log=$LOGDIR/moe_layer.log
-    port=$(free_port "$PORT_BASE")
-    PORT_BASE=$((port + 1))
-    timeout -k 10 "$TEST_TIMEOUT" "$PY" -m torch.distributed.run --nproc_per_node "$NPROC" \
-        --redirects 9:1 --tee 9:1 --master_addr 127.0.0.1 --master_port "$port" \
-        "$HERE/../../examples/moe_layer.py" >"$log" 2>&1; rc=$?
-    n=$(count_ok "$log" 'moe_layer: OK on rank ')
-    if [ $rc = 0 ] && [ "$n" = "$NPROC" ]; then report "examples/moe_layer.py" 0 "$log"; grep -o 'moe_layer: OK on rank 0 [^)]*)' "$log"
-    else report "examples/moe_layer.py" 1 "$log" "rc=$rc, $n/$NPROC ranks OK"; fi
+    for mode in "" --low-latency; do
+        name="examples/moe_layer.py${mode:+ $mode}"
+        log=$LOGDIR/moe_layer${mode:+_ll}.log
+        port=$(free_port "$PORT_BASE")
+        PORT_BASE=$((port + 1))
+        timeout -k 10 "$TEST_TIMEOUT" "$PY" -m torch.distributed.run --nproc_per_node "$NPROC" \
+            --redirects 9:1 --tee 9:1 --master_addr 127.0.0.1 --master_port "$port" \
+            "$HERE/../../examples/moe_layer.py" ${mode:+"$mode"} >"$log" 2>&1; rc=$?
+        n=$(count_ok "$log" 'moe_layer: OK on rank ')
+        if [ $rc = 0 ] && [ "$n" = "$NPROC" ]; then report "$name" 0 "$log"; grep -o 'moe_layer: OK on rank 0 [^)]*)' "$log"
+        else report "$name" 1 "$log" "rc=$rc, $n/$NPROC ranks OK"; fi
+    done
 fi
 
 # dead rank: torchrun's exit status reflects the deliberate death, so judge by the survivors' lines.

@@ -7,6 +7,7 @@
 
 #include <ATen/ATen.h>
 #include <cstdint>
+#include <cstdio>
 #include <limits>
 #include <memory>
 #include <mutex>
@@ -24,13 +25,22 @@ namespace chorus::torch_backend {
 
 namespace {
 
-// Throws Chorus's error for a failed EP call: the result and ncclGetLastError's text (the
-// calling thread's last error, which names the token, the rank or the size needed).
-void check_ep(ncclResult_t r, const char* what) {
-  if (r == ncclSuccess) return;
+// Chorus's error for a failed EP call: the result and ncclGetLastError's text (the calling
+// thread's last error, which names the token, the rank or the size needed). Read it at once.
+std::string ep_error(ncclResult_t r, const char* what) {
   const std::string detail = ncclGetLastError(nullptr);
-  throw std::runtime_error(std::string("chorus: ") + what + " failed: " + ncclGetErrorString(r) +
-                           (detail.empty() ? "" : ": " + detail));
+  return std::string("chorus: ") + what + " failed: " + ncclGetErrorString(r) +
+         (detail.empty() ? "" : ": " + detail);
+}
+
+// Throws ep_error for a failed call.
+void check_ep(ncclResult_t r, const char* what) {
+  if (r != ncclSuccess) throw std::runtime_error(ep_error(r, what));
+}
+
+// A failure that broke the communicator, not an argument refusal (which every rank agreed on).
+bool breaks_comm(ncclResult_t r) {
+  return r != ncclSuccess && r != ncclInvalidArgument && r != ncclInvalidUsage;
 }
 
 // A CPU, contiguous tensor of `type`, with `dims` (-1: any size) when `dims` is not empty.
@@ -102,11 +112,144 @@ class EpHandle {
   const chorusEpHandle_t handle_;
 };
 
+// What low-latency combine needs of one low-latency dispatch, and its shapes; frees its
+// chorusEpHandle_t when Python lets go of it (any time: a pending hook keeps what it needs).
+class EpLowLatencyHandle {
+ public:
+  EpLowLatencyHandle(chorusEpHandle_t handle, at::Tensor topk_idx, int64_t hidden,
+                     int64_t num_experts, int64_t num_local_experts, int64_t num_rows,
+                     int64_t max_tokens)
+      : topk_idx(std::move(topk_idx)),
+        num_tokens(this->topk_idx.size(0)),
+        topk(this->topk_idx.size(1)),
+        hidden(hidden),
+        num_experts(num_experts),
+        num_local_experts(num_local_experts),
+        num_rows(num_rows),
+        max_tokens(max_tokens),
+        handle_(handle) {}
+  ~EpLowLatencyHandle() { chorusEpHandleDestroy(handle_); }
+  EpLowLatencyHandle(const EpLowLatencyHandle&) = delete;
+  EpLowLatencyHandle& operator=(const EpLowLatencyHandle&) = delete;
+
+  chorusEpHandle_t get() const { return handle_; }
+
+  const at::Tensor topk_idx;  // a copy of the dispatch's: combine checks it was given the same
+  const int64_t num_tokens;   // tokens this rank dispatched: combine's output rows
+  const int64_t topk;
+  const int64_t hidden;
+  const int64_t num_experts;
+  const int64_t num_local_experts;  // L: combine's x is [L, num_rows, hidden]
+  const int64_t num_rows;           // R = num_ranks * max_tokens
+  const int64_t max_tokens;
+
+ private:
+  const chorusEpHandle_t handle_;
+};
+
+// The communicator and the C buffer of one EpBuffer, shared with its pending low-latency hooks:
+// <chorus/ep.h> lets a hook outlive chorusEpBufferDestroy, but its transfers run on the
+// communicator, so that is torn down only once the buffer is destroyed and no hook is pending.
+struct EpState {
+  c10::intrusive_ptr<ProcessGroupChorus> group;  // held while comm, split from it, lives
+  std::mutex mu;  // one call at a time per buffer: calls, hook waits, destroy
+  ncclComm_t comm = nullptr;
+  chorusEpBuffer_t buffer = nullptr;
+  bool broken = false;    // a call failed mid-way: the teardown aborts comm
+  int pending_hooks = 0;  // hooks returned and not yet waited
+
+  ~EpState() {
+    if (buffer != nullptr) chorusEpBufferDestroy(buffer);
+    buffer = nullptr;
+    teardown_if_idle();
+  }
+
+  // Frees the communicator once the buffer is destroyed and no hook needs it. Under mu (or by
+  // the last owner).
+  void teardown_if_idle() {
+    if (buffer != nullptr || pending_hooks > 0 || comm == nullptr) return;
+    broken ? ncclCommAbort(comm) : ncclCommDestroy(comm);
+    comm = nullptr;
+    group.reset();
+  }
+
+  // check_ep, remembering a failure that broke the communicator.
+  void check_call(ncclResult_t r, const char* what) {
+    if (breaks_comm(r)) broken = true;
+    check_ep(r, what);
+  }
+};
+
+// DeepEP's recv hook: calling it waits for the data of the low-latency call that returned it
+// and writes that call's outputs (chorusEpHookWait). It keeps those outputs alive until then.
+// A second call does nothing (or raises the first call's error again); a hook Python drops
+// uncalled is waited for then, so its outputs are written and nothing leaks.
+class EpHook {
+ public:
+  EpHook(std::shared_ptr<EpState> state, chorusEpHook_t hook, std::vector<at::Tensor> outputs)
+      : state_(std::move(state)), hook_(hook), outputs_(std::move(outputs)) {}
+  ~EpHook();
+  EpHook(const EpHook&) = delete;
+  EpHook& operator=(const EpHook&) = delete;
+
+  // Waits (once). Call without the GIL.
+  void operator()();
+  bool done() {
+    std::lock_guard<std::mutex> lock(state_->mu);
+    return hook_ == nullptr;
+  }
+
+ private:
+  std::shared_ptr<EpState> state_;
+  chorusEpHook_t hook_;  // nullptr once waited
+  std::vector<at::Tensor> outputs_;
+  std::string error_;  // the wait's failure, raised again by later calls
+};
+
+void EpHook::operator()() {
+  std::vector<at::Tensor> outputs;  // released after the lock, once written
+  std::lock_guard<std::mutex> lock(state_->mu);
+  if (hook_ == nullptr) {
+    if (!error_.empty()) throw std::runtime_error(error_ + " (raised by this hook's first call)");
+    return;
+  }
+  const ncclResult_t r = chorusEpHookWait(hook_);  // frees the hook, also when it fails
+  if (r != ncclSuccess) error_ = ep_error(r, "chorusEpHookWait");
+  if (breaks_comm(r)) state_->broken = true;
+  hook_ = nullptr;
+  outputs.swap(outputs_);
+  --state_->pending_hooks;
+  state_->teardown_if_idle();
+  if (r != ncclSuccess) throw std::runtime_error(error_);
+}
+
+EpHook::~EpHook() {
+  if (hook_ == nullptr) return;
+  auto wait = [this] {
+    try {
+      (*this)();
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "chorus: a low-latency hook dropped uncalled failed its wait: %s\n",
+                   e.what());
+    }
+  };
+  if (PyGILState_Check()) {
+    py::gil_scoped_release no_gil;
+    wait();
+  } else {
+    wait();
+  }
+}
+
 // recv_x, recv_x_scales (FP8), recv_topk_idx, recv_topk_weights (when topk_weights were
 // given), num_recv_tokens_per_expert, handle.
 using DispatchResult =
     std::tuple<at::Tensor, c10::optional<at::Tensor>, at::Tensor, c10::optional<at::Tensor>,
                std::vector<int64_t>, std::shared_ptr<EpHandle>>;
+// recv_x, recv_x_scales (FP8), recv_count, handle, hook (None without return_recv_hook).
+using LowLatencyDispatchResult =
+    std::tuple<at::Tensor, c10::optional<at::Tensor>, at::Tensor,
+               std::shared_ptr<EpLowLatencyHandle>, std::shared_ptr<EpHook>>;
 
 class EpBuffer {
  public:
@@ -115,7 +258,8 @@ class EpBuffer {
   EpBuffer(const EpBuffer&) = delete;
   EpBuffer& operator=(const EpBuffer&) = delete;
 
-  // Frees the staging memory and the communicator; later calls raise. Local, idempotent.
+  // Frees the staging memory and (once no hook is pending) the communicator; later calls raise.
+  // Local, idempotent.
   void destroy();
   int rank() const { return rank_; }
   int num_ranks() const { return nranks_; }
@@ -131,59 +275,64 @@ class EpBuffer {
                           const at::Tensor& num_tokens_per_expert, int64_t expert_alignment);
   std::tuple<at::Tensor, c10::optional<at::Tensor>> combine(
       const at::Tensor& x, const EpHandle& handle, const c10::optional<at::Tensor>& topk_weights);
+  LowLatencyDispatchResult low_latency_dispatch(const at::Tensor& x, const at::Tensor& topk_idx,
+                                                int64_t max_tokens, int64_t num_experts,
+                                                bool use_fp8, bool round_scale, bool use_ue8m0,
+                                                bool return_recv_hook);
+  std::tuple<at::Tensor, std::shared_ptr<EpHook>> low_latency_combine(
+      const at::Tensor& x, const at::Tensor& topk_idx, const at::Tensor& topk_weights,
+      const EpLowLatencyHandle& handle, bool return_recv_hook,
+      const c10::optional<at::Tensor>& out);
 
  private:
-  // The live buffer (under mu_), or a ValueError naming `call`.
+  // The live buffer (under state_->mu), or a ValueError naming `call`.
   chorusEpBuffer_t live(const char* call) const;
-  // check_ep, remembering a failure that broke the communicator (not an argument refusal).
-  void check_call(ncclResult_t r, const char* what);
   // Rows arriving at this rank: every rank's count of its tokens bound here, summed by one
   // ncclReduceScatter. A rank whose topk_idx does not route announces none; its dispatch is
   // then refused on every rank by the C API, with its reason.
   size_t count_arrivals(const at::Tensor& topk_idx, int num_experts);
+  // A hook of the call that just returned `hook` (nullptr: none), keeping `outputs`. Under mu.
+  std::shared_ptr<EpHook> make_hook(chorusEpHook_t hook, std::vector<at::Tensor> outputs);
 
-  c10::intrusive_ptr<ProcessGroupChorus> group_;  // held while comm_, split from it, lives
   int rank_ = 0;
   int nranks_ = 0;
   int64_t bytes_ = 0;
-  std::mutex mu_;  // one call at a time, and destroy
-  ncclComm_t comm_ = nullptr;
-  chorusEpBuffer_t buffer_ = nullptr;
-  bool broken_ = false;  // a call failed mid-way: destroy aborts comm_
+  const std::shared_ptr<EpState> state_ = std::make_shared<EpState>();
 };
 
 EpBuffer::EpBuffer(const c10::intrusive_ptr<ProcessGroupChorus>& group, int64_t bytes)
-    : group_(group), rank_(group->getRank()), nranks_(group->getSize()), bytes_(bytes) {
+    : rank_(group->getRank()), nranks_(group->getSize()), bytes_(bytes) {
   TORCH_CHECK_VALUE(bytes > 0, "chorus Buffer: num_bytes is ", bytes,
                     " (Buffer.get_buffer_size_hint gives the size)");
-  comm_ = group_->split_comm("EP buffer");
+  state_->group = group;
+  state_->comm = group->split_comm("EP buffer");
   try {
-    check_ep(chorusEpBufferCreate(comm_, static_cast<size_t>(bytes), &buffer_),
+    check_ep(chorusEpBufferCreate(state_->comm, static_cast<size_t>(bytes), &state_->buffer),
              "chorusEpBufferCreate");
   } catch (...) {
-    ncclCommDestroy(comm_);
+    ncclCommDestroy(state_->comm);
+    state_->comm = nullptr;
     throw;
   }
 }
 
 void EpBuffer::destroy() {
-  std::lock_guard<std::mutex> lock(mu_);
-  if (buffer_ == nullptr) return;
-  chorusEpBufferDestroy(buffer_);
-  buffer_ = nullptr;
-  broken_ ? ncclCommAbort(comm_) : ncclCommDestroy(comm_);
-  comm_ = nullptr;
-  group_.reset();
+  std::lock_guard<std::mutex> lock(state_->mu);
+  if (state_->buffer == nullptr) return;
+  chorusEpBufferDestroy(state_->buffer);  // a pending hook keeps the memory it needs
+  state_->buffer = nullptr;
+  state_->teardown_if_idle();
 }
 
 chorusEpBuffer_t EpBuffer::live(const char* call) const {
-  TORCH_CHECK_VALUE(buffer_ != nullptr, "chorus ", call, ": the Buffer was destroyed");
-  return buffer_;
+  TORCH_CHECK_VALUE(state_->buffer != nullptr, "chorus ", call, ": the Buffer was destroyed");
+  return state_->buffer;
 }
 
-void EpBuffer::check_call(ncclResult_t r, const char* what) {
-  if (r != ncclSuccess && r != ncclInvalidArgument && r != ncclInvalidUsage) broken_ = true;
-  check_ep(r, what);
+std::shared_ptr<EpHook> EpBuffer::make_hook(chorusEpHook_t hook, std::vector<at::Tensor> outputs) {
+  if (hook == nullptr) return nullptr;
+  ++state_->pending_hooks;
+  return std::make_shared<EpHook>(state_, hook, std::move(outputs));
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> EpBuffer::get_dispatch_layout(
@@ -195,27 +344,28 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> EpBuffer::get_dispatch_layout(
   at::Tensor per_rank = at::empty({nranks_}, at::kInt);
   at::Tensor per_expert = at::empty({experts}, at::kInt);
   at::Tensor in_rank = at::empty({tokens, nranks_}, at::kBool);
-  std::lock_guard<std::mutex> lock(mu_);
+  std::lock_guard<std::mutex> lock(state_->mu);
   // isTokenInRank's 0/1 bytes are valid torch bools.
-  check_call(chorusEpGetDispatchLayout(live(call), topk_idx.data_ptr<int64_t>(),
-                                       static_cast<size_t>(tokens),
-                                       to_int(topk_idx.size(1), call, "topk"), experts,
-                                       per_rank.data_ptr<int>(), per_expert.data_ptr<int>(),
-                                       reinterpret_cast<uint8_t*>(in_rank.data_ptr<bool>())),
-             "chorusEpGetDispatchLayout");
+  state_->check_call(
+      chorusEpGetDispatchLayout(live(call), topk_idx.data_ptr<int64_t>(),
+                                static_cast<size_t>(tokens), to_int(topk_idx.size(1), call, "topk"),
+                                experts, per_rank.data_ptr<int>(), per_expert.data_ptr<int>(),
+                                reinterpret_cast<uint8_t*>(in_rank.data_ptr<bool>())),
+      "chorusEpGetDispatchLayout");
   return {per_rank, per_expert, in_rank};
 }
 
 size_t EpBuffer::count_arrivals(const at::Tensor& topk_idx, int num_experts) {
   std::vector<int> per_rank(static_cast<size_t>(nranks_), 0);
   const ncclResult_t routed = chorusEpGetDispatchLayout(
-      buffer_, topk_idx.data_ptr<int64_t>(), static_cast<size_t>(topk_idx.size(0)),
+      state_->buffer, topk_idx.data_ptr<int64_t>(), static_cast<size_t>(topk_idx.size(0)),
       static_cast<int>(topk_idx.size(1)), num_experts, per_rank.data(), nullptr, nullptr);
   std::vector<int64_t> counts(per_rank.size(), 0);
   if (routed == ncclSuccess) counts.assign(per_rank.begin(), per_rank.end());
   int64_t arriving = 0;
-  check_call(ncclReduceScatter(counts.data(), &arriving, 1, ncclInt64, ncclSum, comm_, nullptr),
-             "ncclReduceScatter (EP receive counts)");
+  state_->check_call(
+      ncclReduceScatter(counts.data(), &arriving, 1, ncclInt64, ncclSum, state_->comm, nullptr),
+      "ncclReduceScatter (EP receive counts)");
   return static_cast<size_t>(arriving);
 }
 
@@ -255,7 +405,7 @@ DispatchResult EpBuffer::dispatch(const at::Tensor& x, const c10::optional<at::T
   args.isTokenInRank = reinterpret_cast<const uint8_t*>(is_token_in_rank.data_ptr<bool>());
   args.expertAlignment = to_int(expert_alignment, call, "expert_alignment");
 
-  std::lock_guard<std::mutex> lock(mu_);
+  std::lock_guard<std::mutex> lock(state_->mu);
   live(call);
   // Outputs of exactly the rows that arrive (see count_arrivals).
   const auto rows = static_cast<int64_t>(count_arrivals(topk_idx, experts));
@@ -276,7 +426,7 @@ DispatchResult EpBuffer::dispatch(const at::Tensor& x, const c10::optional<at::T
   out.recvCapacity = static_cast<size_t>(rows);
   out.numRecvTokensPerExpert = per_expert.data();
   chorusEpHandle_t raw = nullptr;
-  check_call(chorusEpDispatch(buffer_, &args, &out, &raw), "chorusEpDispatch");
+  state_->check_call(chorusEpDispatch(state_->buffer, &args, &out, &raw), "chorusEpDispatch");
   auto handle = std::make_shared<EpHandle>(raw, tokens, static_cast<int64_t>(out.numRecvTokens),
                                            hidden, topk);
   TORCH_INTERNAL_ASSERT(out.numRecvTokens == static_cast<size_t>(rows), "chorus dispatch: ",
@@ -296,13 +446,100 @@ std::tuple<at::Tensor, c10::optional<at::Tensor>> EpBuffer::combine(
   at::Tensor combined = at::empty({handle.num_tokens, handle.hidden}, x.options());
   c10::optional<at::Tensor> combined_weights;
   if (topk_weights) combined_weights = at::empty({handle.num_tokens, handle.topk}, at::kFloat);
-  std::lock_guard<std::mutex> lock(mu_);
-  check_call(chorusEpCombine(live(call), handle.get(), x.data_ptr(), type,
-                             topk_weights ? topk_weights->data_ptr<float>() : nullptr,
-                             combined.data_ptr(),
-                             combined_weights ? combined_weights->data_ptr<float>() : nullptr),
-             "chorusEpCombine");
+  std::lock_guard<std::mutex> lock(state_->mu);
+  state_->check_call(
+      chorusEpCombine(live(call), handle.get(), x.data_ptr(), type,
+                      topk_weights ? topk_weights->data_ptr<float>() : nullptr, combined.data_ptr(),
+                      combined_weights ? combined_weights->data_ptr<float>() : nullptr),
+      "chorusEpCombine");
   return {combined, combined_weights};
+}
+
+LowLatencyDispatchResult EpBuffer::low_latency_dispatch(const at::Tensor& x,
+                                                        const at::Tensor& topk_idx,
+                                                        int64_t max_tokens, int64_t num_experts,
+                                                        bool use_fp8, bool round_scale,
+                                                        bool use_ue8m0, bool return_recv_hook) {
+  const char* call = "low_latency_dispatch";
+  TORCH_CHECK_TYPE(x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16, "chorus ",
+                   call, ": x must be bfloat16 or float32, not ", x.scalar_type());
+  check_arg(x, call, "x", x.scalar_type(), {-1, -1});
+  const int64_t tokens = x.size(0), hidden = x.size(1);
+  check_arg(topk_idx, call, "topk_idx", at::kLong, {tokens, -1});
+  TORCH_CHECK_VALUE(max_tokens > 0 && max_tokens <= std::numeric_limits<int>::max(), "chorus ",
+                    call, ": num_max_dispatch_tokens_per_rank is ", max_tokens);
+  const int experts = to_int(num_experts, call, "num_experts");
+  // Outputs for every row a local expert can receive. numExperts not a multiple of nranks is
+  // refused by the C API (on every rank) before anything is written.
+  const int64_t local = experts % nranks_ == 0 ? experts / nranks_ : 0;
+  const int64_t rows = nranks_ * max_tokens;
+  at::Tensor recv_x = at::empty({local, rows, hidden}, use_fp8 ? at::kByte : x.scalar_type());
+  c10::optional<at::Tensor> recv_scales;
+  if (use_fp8)
+    recv_scales = at::empty({local, rows, hidden / CHORUS_EP_FP8_BLOCK},
+                            use_ue8m0 ? at::kByte : at::kFloat);
+  at::Tensor recv_count = at::zeros({local}, at::kInt);
+
+  chorusEpLowLatencyDispatchArgs_t args{};
+  args.x = x.data_ptr();
+  args.datatype = x.scalar_type() == at::kFloat ? ncclFloat32 : ncclBfloat16;
+  args.numTokens = static_cast<size_t>(tokens);
+  args.hidden = static_cast<size_t>(hidden);
+  args.topkIdx = topk_idx.data_ptr<int64_t>();
+  args.topk = to_int(topk_idx.size(1), call, "topk");
+  args.numExperts = experts;
+  args.maxTokensPerRank = static_cast<size_t>(max_tokens);
+  args.useFp8 = use_fp8;
+  args.roundScale = round_scale;
+  args.useUe8m0 = use_ue8m0;
+  chorusEpLowLatencyDispatchOutput_t out{};
+  out.recvX = recv_x.data_ptr();
+  out.recvXScales = recv_scales ? recv_scales->data_ptr() : nullptr;
+  out.recvCount = recv_count.data_ptr<int>();
+
+  std::lock_guard<std::mutex> lock(state_->mu);
+  chorusEpHandle_t raw = nullptr;
+  chorusEpHook_t hook = nullptr;
+  state_->check_call(
+      chorusEpLowLatencyDispatch(live(call), &args, &out, return_recv_hook, &raw, &hook),
+      "chorusEpLowLatencyDispatch");
+  auto handle = std::make_shared<EpLowLatencyHandle>(raw, topk_idx.clone(), hidden, experts,
+                                                     local, rows, max_tokens);
+  std::vector<at::Tensor> outputs{recv_x, recv_count};
+  if (recv_scales) outputs.push_back(*recv_scales);
+  return {recv_x, recv_scales, recv_count, handle, make_hook(hook, std::move(outputs))};
+}
+
+std::tuple<at::Tensor, std::shared_ptr<EpHook>> EpBuffer::low_latency_combine(
+    const at::Tensor& x, const at::Tensor& topk_idx, const at::Tensor& topk_weights,
+    const EpLowLatencyHandle& handle, bool return_recv_hook,
+    const c10::optional<at::Tensor>& out) {
+  const char* call = "low_latency_combine";
+  TORCH_CHECK_TYPE(x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16, "chorus ",
+                   call, ": x must be bfloat16 or float32, not ", x.scalar_type());
+  check_arg(x, call, "x", x.scalar_type(),
+            {handle.num_local_experts, handle.num_rows, handle.hidden});
+  check_arg(topk_idx, call, "topk_idx", at::kLong, {handle.num_tokens, handle.topk});
+  TORCH_CHECK_VALUE(at::equal(topk_idx, handle.topk_idx), "chorus ", call,
+                    ": topk_idx differs from the dispatch's (the handle's): combine sums the "
+                    "rows of the dispatch's routing");
+  check_arg(topk_weights, call, "topk_weights", at::kFloat, {handle.num_tokens, handle.topk});
+  at::Tensor combined;
+  if (out) {
+    check_arg(*out, call, "out", x.scalar_type(), {handle.num_tokens, handle.hidden});
+    combined = *out;
+  } else {
+    combined = at::empty({handle.num_tokens, handle.hidden}, x.options());
+  }
+  std::lock_guard<std::mutex> lock(state_->mu);
+  chorusEpHook_t hook = nullptr;
+  state_->check_call(
+      chorusEpLowLatencyCombine(live(call), handle.get(), x.data_ptr(),
+                                x.scalar_type() == at::kFloat ? ncclFloat32 : ncclBfloat16,
+                                topk_weights.data_ptr<float>(), combined.data_ptr(),
+                                return_recv_hook, &hook),
+      "chorusEpLowLatencyCombine");
+  return {combined, make_hook(hook, {combined})};
 }
 
 void bind_ep(py::module_& m) {
@@ -322,12 +559,46 @@ void bind_ep(py::module_& m) {
       },
       py::arg("num_ranks"), py::arg("max_tokens"), py::arg("hidden"), py::arg("topk"),
       "chorusEpBufferSizeHint: bytes for dispatches of up to max_tokens tokens per rank.");
+  m.def(
+      "ep_low_latency_size_hint",
+      [](int64_t num_ranks, int64_t max_tokens, int64_t hidden, int64_t num_experts,
+         int64_t topk) {
+        size_t bytes = 0;
+        const char* call = "get_low_latency_rdma_size_hint";
+        TORCH_CHECK_VALUE(max_tokens >= 0 && hidden >= 0, "chorus ", call,
+                          ": num_max_dispatch_tokens_per_rank and hidden must be >= 0");
+        check_ep(chorusEpLowLatencySizeHint(
+                     to_int(num_ranks, call, "num_ranks"), static_cast<size_t>(max_tokens),
+                     static_cast<size_t>(hidden), to_int(num_experts, call, "num_experts"),
+                     to_int(topk, call, "topk"), &bytes),
+                 "chorusEpLowLatencySizeHint");
+        return static_cast<int64_t>(bytes);
+      },
+      py::arg("num_ranks"), py::arg("max_tokens"), py::arg("hidden"), py::arg("num_experts"),
+      py::arg("topk"),
+      "chorusEpLowLatencySizeHint: bytes for low-latency calls of up to max_tokens tokens per "
+      "rank, two in flight.");
   py::class_<EpHandle, std::shared_ptr<EpHandle>>(
       m, "EpHandle", "What combine needs of one dispatch (owns a chorusEpHandle_t).")
       .def_readonly("num_tokens", &EpHandle::num_tokens)
       .def_readonly("num_recv_tokens", &EpHandle::num_recv_tokens)
       .def_readonly("hidden", &EpHandle::hidden)
       .def_readonly("topk", &EpHandle::topk);
+  py::class_<EpLowLatencyHandle, std::shared_ptr<EpLowLatencyHandle>>(
+      m, "EpLowLatencyHandle",
+      "What low_latency_combine needs of one low_latency_dispatch (owns a chorusEpHandle_t).")
+      .def_readonly("num_tokens", &EpLowLatencyHandle::num_tokens)
+      .def_readonly("topk", &EpLowLatencyHandle::topk)
+      .def_readonly("hidden", &EpLowLatencyHandle::hidden)
+      .def_readonly("num_experts", &EpLowLatencyHandle::num_experts)
+      .def_readonly("num_local_experts", &EpLowLatencyHandle::num_local_experts)
+      .def_readonly("num_max_dispatch_tokens_per_rank", &EpLowLatencyHandle::max_tokens);
+  py::class_<EpHook, std::shared_ptr<EpHook>>(
+      m, "EpHook",
+      "DeepEP's recv hook: calling it waits for the call's data and writes its outputs "
+      "(chorusEpHookWait); later calls do nothing.")
+      .def("__call__", &EpHook::operator(), py::call_guard<py::gil_scoped_release>())
+      .def_property_readonly("done", &EpHook::done, py::call_guard<py::gil_scoped_release>());
   py::class_<EpBuffer>(m, "EpBuffer",
                        "An EP buffer (<chorus/ep.h>) on a communicator split from a chorus group.")
       .def(py::init<const c10::intrusive_ptr<ProcessGroupChorus>&, int64_t>(), py::arg("group"),
@@ -343,7 +614,15 @@ void bind_ep(py::module_& m) {
            py::arg("num_tokens_per_expert"), py::arg("expert_alignment"),
            py::call_guard<py::gil_scoped_release>())
       .def("combine", &EpBuffer::combine, py::arg("x"), py::arg("handle"),
-           py::arg("topk_weights"), py::call_guard<py::gil_scoped_release>());
+           py::arg("topk_weights"), py::call_guard<py::gil_scoped_release>())
+      .def("low_latency_dispatch", &EpBuffer::low_latency_dispatch, py::arg("x"),
+           py::arg("topk_idx"), py::arg("num_max_dispatch_tokens_per_rank"),
+           py::arg("num_experts"), py::arg("use_fp8"), py::arg("round_scale"),
+           py::arg("use_ue8m0"), py::arg("return_recv_hook"),
+           py::call_guard<py::gil_scoped_release>())
+      .def("low_latency_combine", &EpBuffer::low_latency_combine, py::arg("x"),
+           py::arg("topk_idx"), py::arg("topk_weights"), py::arg("handle"),
+           py::arg("return_recv_hook"), py::arg("out"), py::call_guard<py::gil_scoped_release>());
 }
 
 }  // namespace chorus::torch_backend
