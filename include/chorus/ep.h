@@ -66,7 +66,8 @@
  * chorusEpDispatchAsync and chorusEpCombineAsync take a stream. The call itself does what needs
  * every rank now: the routing (topkIdx and the layout are read during the call), the count
  * exchange and the agreement, so a refused call fails at once as above, and a dispatch returns
- * its handle and out->numRecvTokens (DeepEP's CPU-side count of received tokens). The data
+ * its handle, out->numRecvTokens and out->numRecvTokensPerExpert (DeepEP's CPU-side counts of
+ * received tokens, which it exchanges in its notify_dispatch, as Chorus does). The data
  * movement is queued on the stream, behind the work queued there before: x, xScales and
  * topkWeights are read, and the other outputs written, when the stream gets there. Record an
  * event after the call (chorusEventRecord) to wait for it (chorusEventSynchronize), or make

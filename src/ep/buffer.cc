@@ -246,6 +246,23 @@ Result<std::shared_ptr<Handle>> Buffer::dispatch(const chorusEpDispatchArgs_t& a
             {static_cast<int64_t>(args.hidden), args.topk, args.numExperts, datatype},
             {"hidden", "topk", "numExperts", "datatype"}));
 
+  // Received (token, slot) pairs per local expert, known now (DeepEP's notify_dispatch): every
+  // rank's pairs per expert gathered, this rank's experts' columns summed. So the counts are
+  // the caller's when the call returns, also when the tokens still move on a stream.
+  {
+    const auto experts = static_cast<size_t>(args.numExperts);
+    std::vector<int> pairs(n * experts, 0);
+    r = ncclAllGather(routing.per_expert.data(), pairs.data(), experts, ncclInt32, comm_, nullptr);
+    if (r != ncclSuccess) return from_nccl(r, "ncclAllGather of the EP tokens per expert");
+    const size_t local = experts / n, first = local * me;
+    const auto align = static_cast<size_t>(args.expertAlignment);
+    for (size_t e = 0; out.numRecvTokensPerExpert != nullptr && e < local; ++e) {
+      size_t sum = 0;
+      for (size_t q = 0; q < n; ++q) sum += static_cast<size_t>(pairs[q * experts + first + e]);
+      out.numRecvTokensPerExpert[e] = static_cast<int>((sum + align - 1) / align * align);
+    }
+  }
+
   auto h = std::make_shared<Handle>();
   h->buffer_id = id_;
   h->num_tokens = args.numTokens;
@@ -419,7 +436,6 @@ void Buffer::unpack(const DispatchMove& m) const {
   const auto k = static_cast<size_t>(args.topk);
   const int64_t local = args.numExperts / nranks_;
   const int64_t first = local * rank_;
-  std::vector<size_t> per_expert(static_cast<size_t>(local), 0);
   const char* recv_area = areas_->local();
   std::vector<int64_t> idx(k);
   std::vector<float> w(k);
@@ -435,16 +451,12 @@ void Buffer::unpack(const DispatchMove& m) const {
       const bool here = idx[s] >= first && idx[s] < first + local;
       idx[s] = here ? idx[s] - first : -1;
       if (!here) w[s] = 0.0f;
-      if (here) ++per_expert[static_cast<size_t>(idx[s])];
     }
     if (out.recvTopkIdx != nullptr)
       std::memcpy(out.recvTopkIdx + i * k, idx.data(), k * sizeof(int64_t));
     if (out.recvTopkWeights != nullptr)
       std::memcpy(out.recvTopkWeights + i * k, w.data(), k * sizeof(float));
   }
-  const auto align = static_cast<size_t>(args.expertAlignment);
-  for (size_t e = 0; out.numRecvTokensPerExpert != nullptr && e < per_expert.size(); ++e)
-    out.numRecvTokensPerExpert[e] = static_cast<int>((per_expert[e] + align - 1) / align * align);
 }
 
 Status Buffer::combine(std::shared_ptr<const Handle> handle, const void* x, int datatype,
