@@ -14,7 +14,10 @@ reference computed from them:
     for bit, and the topk weights sent back add up to the original ones (0 in -1 slots);
   - bad input raises with a message: an expert index out of range on one rank raises on every
     rank (naming the token there, the rank elsewhere); a wrong dtype or shape, a cached-dispatch
-    handle, async_finish, a destroyed Buffer raise locally; a too-small buffer names the size hint;
+    handle, a previous_event that is not an EventOverlap, a destroyed Buffer raise locally; a
+    too-small buffer names the size hint;
+  - dispatch and combine with async_finish=True (BF16, FP8): EventOverlap events, the combine
+    queued behind the dispatch's event, the same checks once the events are waited for;
   - the Buffer and the group work afterwards, an all_reduce of the group running beside a dispatch;
   - low-latency mode on a Buffer sized by get_low_latency_rdma_size_hint: low_latency_dispatch of
     BF16 and FP32 rows (bit for bit) and FP8 (float, round_scale and UE8M0 scales exactly as
@@ -124,14 +127,16 @@ class Checker:
         self.failures.append(f"{what}: did not raise")
 
 
-def round_trip(buf, ck, world, num_experts, dtype, case, alignment):
-    """Dispatch every rank's tokens (dtype, or FP8 tuples for torch.uint8) and combine rows back."""
+def round_trip(buf, ck, world, num_experts, dtype, case, alignment, queued=False):
+    """Dispatch every rank's tokens (dtype, or FP8 tuples for torch.uint8) and combine rows back;
+    `queued`: with async_finish, the outputs checked after the events are waited for."""
+    from chorus_torch.ep import EventOverlap
     rank = buf.rank
     all_in = [inputs(r, num_experts, case) for r in range(world)]
     x, idx, w = all_in[rank]
     all_idx = [a[1] for a in all_in]
     all_w = [a[2] for a in all_in]
-    common.CURRENT[0] = f"{dtype} dispatch, case {case}"
+    common.CURRENT[0] = f"{dtype} dispatch, case {case}{' (async_finish)' if queued else ''}"
     per_rank, rdma, per_expert, in_rank, event = buf.get_dispatch_layout(idx, num_experts)
     local = num_experts // world
     routed = [(idx >= r * local) & (idx < (r + 1) * local) for r in range(world)]
@@ -151,7 +156,15 @@ def round_trip(buf, ck, world, num_experts, dtype, case, alignment):
         sent = x.to(dtype)
     recv_x, recv_idx, recv_w, recv_per_expert, handle, event = buf.dispatch(
         sent, num_tokens_per_rank=per_rank, is_token_in_rank=in_rank,
-        num_tokens_per_expert=per_expert, topk_idx=idx, topk_weights=w, expert_alignment=alignment)
+        num_tokens_per_expert=per_expert, topk_idx=idx, topk_weights=w, expert_alignment=alignment,
+        async_finish=queued)
+    dispatched = event
+    if queued:
+        ck.equal(f"{dtype}: dispatch event type", type(event), EventOverlap)
+        with event:
+            pass  # (computation to overlap would go here)
+        ck.equal(f"{dtype}: dispatch event done", event.done(), True)
+        event = None
     rows, want_idx, want_w = expected_dispatch(rank, world, num_experts, all_idx, all_w)
     if fp8:
         want_codes = torch.stack([all_fp8[s][0][t] for s, t in rows]) if rows else torch.empty(0, HIDDEN, dtype=torch.uint8)
@@ -178,7 +191,12 @@ def round_trip(buf, ck, world, num_experts, dtype, case, alignment):
         return tokens[1].repeat_interleave(128, dim=1).to(out_dtype) if fp8 else tokens
 
     y = expert_rows(rows_of(recv_x), rank, out_dtype)
-    combined, combined_w, event = buf.combine(y, handle, topk_weights=recv_w)
+    combined, combined_w, event = buf.combine(y, handle, topk_weights=recv_w, async_finish=queued,
+                                              previous_event=dispatched)
+    if queued:
+        ck.equal(f"{dtype}: combine event type", type(event), EventOverlap)
+        event.current_stream_wait()
+        event = None
     # At this rank: each token's rows from the ranks it went to, float sum in rank order, one rounding.
     want = torch.zeros(idx.shape[0], HIDDEN)
     for dst in range(world):
@@ -221,7 +239,8 @@ def bad_inputs(buf, ck, world, num_experts):
     ck.raises("FP8 scales of float64", TypeError, "scales",
               lambda: buf.dispatch((x.to(torch.uint8), torch.ones(x.shape[0], HIDDEN // 128).double()), **kw))
     ck.raises("cached dispatch", NotImplementedError, "cached dispatch", lambda: buf.dispatch(x, handle=object(), **kw))
-    ck.raises("async_finish", NotImplementedError, "synchronous", lambda: buf.dispatch(x, async_finish=True, **kw))
+    ck.raises("previous_event of another kind", TypeError, "EventOverlap",
+              lambda: buf.dispatch(x, previous_event=object(), **kw))
     _, _, _, _, handle, _ = buf.dispatch(x, **kw)
     ck.raises("combine of wrong rows", ValueError, "x must have shape",
               lambda: buf.combine(torch.zeros(handle.num_recv_tokens + 1, HIDDEN), handle))
@@ -492,7 +511,7 @@ def low_latency(ck, world, num_experts):
     common.CURRENT[0] = "low-latency local argument checks"
     ck.raises("LL float64 x", TypeError, "bfloat16 or float32",
               lambda: buf.low_latency_dispatch(bad.x.double(), bad.idx, LL_MAX_TOKENS, num_experts))
-    ck.raises("LL async_finish", NotImplementedError, "synchronous",
+    ck.raises("LL async_finish", NotImplementedError, "return_recv_hook",
               lambda: buf.low_latency_dispatch(bad.x, bad.idx, LL_MAX_TOKENS, num_experts, async_finish=True))
     bad.dispatch(hook=False)  # the buffer works after the refusal
     bad.check_dispatch()
@@ -541,6 +560,8 @@ def main():
     ck.equal("buffer attributes", (buf.rank, buf.num_ranks, buf.num_bytes), (rank, world, size))
     for case, (dtype, alignment) in enumerate([(torch.float32, 1), (torch.bfloat16, 4), (torch.uint8, 2)]):
         round_trip(buf, ck, world, num_experts, dtype, case, alignment)
+    for case, (dtype, alignment) in enumerate([(torch.bfloat16, 2), (torch.uint8, 1)], start=3):
+        round_trip(buf, ck, world, num_experts, dtype, case, alignment, queued=True)
     bad_inputs(buf, ck, world, num_experts)
 
     # The buffer's communicator is its own: EP calls run while the group's lane runs a collective.

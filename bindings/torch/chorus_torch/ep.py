@@ -25,10 +25,20 @@ laid out per local expert in fixed-size arrays):
 
 The methods, arguments and results are DeepEP's, with <chorus/ep.h>'s semantics (the routing,
 ordering and summation rules are written there). Differences, all deliberate:
-  - Synchronous: every call has finished when it returns (low-latency calls with
-    return_recv_hook=True: once their hook has been called). The events DeepEP returns are
-    None; previous_event must be None and async_finish False (an event to wait for would be a
-    lie). allocate_on_comm_stream and config are accepted and ignored: there are no streams.
+  - Events and streams: dispatch and combine with async_finish=True queue their data movement
+    on the buffer's host stream (chorusEpDispatchAsync / chorusEpCombineAsync) and return an
+    EventOverlap: the call itself routes, exchanges the counts and checks the arguments (so
+    errors raise at once, and recv_x's size and num_recv_tokens_per_expert_list are known),
+    while the tokens move, are unpacked and reduced in the background; event.current_stream_wait()
+    (or leaving a `with event:` block) waits until the outputs are written. Until then the
+    call's tensors must not be touched (the buffer keeps them alive). previous_event (an
+    EventOverlap of this module) makes the call's queued work wait for that event. Without
+    async_finish the calls are blocking and the events None. The next call on a buffer first
+    waits for the previous call's queued work (one call at a time per buffer), so a combine may
+    follow an asynchronous dispatch at once. get_dispatch_layout is computed in the call (its
+    event, with async_finish, is already complete). Low-latency calls overlap through
+    return_recv_hook, as in DeepEP; their async_finish is refused. allocate_on_comm_stream and
+    config are accepted and ignored.
   - FP8: torch 1.13 has no float8 dtype, so an FP8 x is a tuple (uint8 tensor of E4M3 codes
     [tokens, hidden], float32 scales [tokens, hidden / 128]); recv_x is such a tuple too. The
     low-latency dispatch's FP8 codes are torch.float8_e4m3fn where this torch has that dtype,
@@ -71,6 +81,31 @@ FP8_DTYPE = getattr(torch, "float8_e4m3fn", torch.uint8)
 
 # The largest topk of <chorus/ep.h>.
 MAX_TOPK = 1024
+
+
+class EventOverlap:
+    """DeepEP's EventOverlap for an asynchronous call (async_finish=True) on a host stream.
+
+    current_stream_wait() blocks until the call's queued work is done (its outputs written) and
+    raises its failure; `with event:` runs the block, then waits (DeepEP's overlap idiom);
+    done() is True once the work is done. An EventOverlap() without an event is complete."""
+
+    def __init__(self, event=None, extra_tensors=None):
+        self.event = event
+        self.extra_tensors = extra_tensors
+
+    def current_stream_wait(self) -> None:
+        if self.event is not None:
+            self.event.synchronize()
+
+    def done(self) -> bool:
+        return self.event is None or self.event.query()
+
+    def __enter__(self) -> "EventOverlap":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.current_stream_wait()
 
 
 class Buffer:
@@ -144,10 +179,12 @@ class Buffer:
                             async_finish: bool = False, allocate_on_comm_stream: bool = False):
         """(num_tokens_per_rank int32 [num_ranks], None (no RDMA ranks),
         num_tokens_per_expert int32 [num_experts], is_token_in_rank bool [tokens, num_ranks],
-        None (no event)). Local: no communication."""
-        _synchronous(previous_event, async_finish)
+        an EventOverlap with async_finish, else None). Local: no communication; computed in the
+        call (after previous_event, if given, is complete)."""
+        if previous_event is not None:
+            _event_of(previous_event).synchronize()
         per_rank, per_expert, in_rank = self._buffer.get_dispatch_layout(topk_idx, num_experts)
-        return per_rank, None, per_expert, in_rank, None
+        return per_rank, None, per_expert, in_rank, EventOverlap() if async_finish else None
 
     def dispatch(self, x: Tokens, handle=None, num_tokens_per_rank: Optional[torch.Tensor] = None,
                  num_tokens_per_rdma_rank: Optional[torch.Tensor] = None,
@@ -163,9 +200,9 @@ class Buffer:
         handle, None): recv_x [received, hidden] (a tuple for FP8), ordered by source rank then
         source token; recv_topk_idx int64 with local expert indices and -1 for slots elsewhere;
         recv_topk_weights float32 (0 for slots elsewhere; None without topk_weights);
-        num_recv_tokens_per_expert_list a list of ints, each rounded up to expert_alignment.
-        Blocking, collective."""
-        _synchronous(previous_event, async_finish)
+        num_recv_tokens_per_expert_list a list of ints, each rounded up to expert_alignment; the
+        last item is an EventOverlap with async_finish (the outputs are written once it is
+        waited for), else None. Collective."""
         if handle is not None:
             raise NotImplementedError(
                 "chorus dispatch: cached dispatch (handle=...) is not supported: <chorus/ep.h> "
@@ -186,12 +223,12 @@ class Buffer:
             x, scales = x
         else:
             scales = None
-        recv_x, recv_scales, recv_idx, recv_w, per_expert, h = self._buffer.dispatch(
+        recv_x, recv_scales, recv_idx, recv_w, per_expert, h, event = self._buffer.dispatch(
             x, scales, topk_idx, topk_weights, num_tokens_per_rank, is_token_in_rank,
-            num_tokens_per_expert, expert_alignment)
+            num_tokens_per_expert, expert_alignment, _event_of(previous_event), async_finish)
         if recv_scales is not None:
             recv_x = (recv_x, recv_scales)
-        return recv_x, recv_idx, recv_w, per_expert, h, None
+        return recv_x, recv_idx, recv_w, per_expert, h, _overlap(event)
 
     def combine(self, x: torch.Tensor, handle, topk_weights: Optional[torch.Tensor] = None,
                 bias=None, config=None, previous_event=None, async_finish: bool = False,
@@ -202,14 +239,14 @@ class Buffer:
         Returns (combined_x [tokens, hidden] of x's dtype, combined_topk_weights float32
         [tokens, topk] or None without topk_weights, None): the sums in float, in ascending
         rank order, rounded once (<chorus/ep.h>). The handle may be combined any number of
-        times. Blocking, collective."""
-        _synchronous(previous_event, async_finish)
+        times. The last item is an EventOverlap with async_finish, else None. Collective."""
         if bias is not None:
             raise NotImplementedError("chorus combine: bias is not supported")
         if not isinstance(handle, _C.EpHandle):
             raise TypeError(f"chorus combine: handle must be what dispatch returned, not {type(handle).__name__}")
-        combined_x, combined_w = self._buffer.combine(x, handle, topk_weights)
-        return combined_x, combined_w, None
+        combined_x, combined_w, event = self._buffer.combine(
+            x, handle, topk_weights, _event_of(previous_event), async_finish)
+        return combined_x, combined_w, _overlap(event)
 
 
     def low_latency_dispatch(self, x: torch.Tensor, topk_idx: torch.Tensor,
@@ -314,7 +351,21 @@ class _StatsHook:
         return self._hook.done
 
 
+def _event_of(previous_event):
+    """The C event behind a previous_event (an EventOverlap of this module, or None)."""
+    if previous_event is None:
+        return None
+    if not isinstance(previous_event, EventOverlap):
+        raise TypeError("chorus EP: previous_event must be an EventOverlap of chorus_torch.ep, not "
+                        f"{type(previous_event).__name__}")
+    return previous_event.event
+
+
+def _overlap(event):
+    return None if event is None else EventOverlap(event)
+
+
 def _synchronous(previous_event, async_finish: bool) -> None:
     if previous_event is not None or async_finish:
-        raise NotImplementedError("chorus EP calls are synchronous: previous_event must be None and "
-                                  "async_finish False (every call has finished when it returns)")
+        raise NotImplementedError("chorus low-latency calls overlap through return_recv_hook: "
+                                  "previous_event must be None and async_finish False")

@@ -3,6 +3,7 @@
 #include "ep.h"
 
 #include <chorus/ep.h>
+#include <chorus/stream.h>
 #include <torch/python.h>
 
 #include <ATen/ATen.h>
@@ -157,6 +158,11 @@ struct EpState {
   chorusEpBuffer_t buffer = nullptr;
   bool broken = false;    // a call failed mid-way: the teardown aborts comm
   int pending_hooks = 0;  // hooks returned and not yet waited
+  // Asynchronous calls (async_finish) queue their data movement on this host stream; the
+  // tensors of the last one stay here until the next call on the buffer has returned (the C API
+  // finishes a buffer's queued work before it starts another call) or the buffer goes.
+  chorusStream_t stream = nullptr;
+  std::vector<at::Tensor> in_flight;
 
   ~EpState() {
     if (buffer != nullptr) chorusEpBufferDestroy(buffer);
@@ -164,10 +170,19 @@ struct EpState {
     teardown_if_idle();
   }
 
+  // The stream of asynchronous calls, made on first use. Under mu.
+  chorusStream_t queue() {
+    if (stream == nullptr) check_ep(chorusStreamCreate(&stream), "chorusStreamCreate");
+    return stream;
+  }
+
   // Frees the communicator once the buffer is destroyed and no hook needs it. Under mu (or by
   // the last owner).
   void teardown_if_idle() {
     if (buffer != nullptr || pending_hooks > 0 || comm == nullptr) return;
+    if (stream != nullptr) chorusStreamDestroy(stream);  // waits; its error was the event's
+    stream = nullptr;
+    in_flight.clear();
     broken ? ncclCommAbort(comm) : ncclCommDestroy(comm);
     comm = nullptr;
     group.reset();
@@ -241,11 +256,50 @@ EpHook::~EpHook() {
   }
 }
 
+// DeepEP's event of an asynchronous call (async_finish): the work the call queued on its
+// buffer's stream, up to the call (chorusEventRecord). synchronize() waits for it (the outputs
+// are then written) and raises its failure; it keeps the call's tensors alive until then (the
+// buffer keeps them too, so dropping the event is safe).
+class EpEvent {
+ public:
+  EpEvent(chorusStream_t stream, std::vector<at::Tensor> tensors) : tensors_(std::move(tensors)) {
+    check_ep(chorusEventCreate(&event_), "chorusEventCreate");
+    const ncclResult_t r = chorusEventRecord(event_, stream);
+    if (r != ncclSuccess) {
+      chorusEventDestroy(event_);
+      check_ep(r, "chorusEventRecord");
+    }
+  }
+  ~EpEvent() { chorusEventDestroy(event_); }
+  EpEvent(const EpEvent&) = delete;
+  EpEvent& operator=(const EpEvent&) = delete;
+
+  chorusEvent_t get() const { return event_; }
+  // Call without the GIL.
+  void synchronize() {
+    check_ep(chorusEventSynchronize(event_), "the asynchronous EP call (chorusEventSynchronize)");
+    std::lock_guard<std::mutex> lock(mu_);
+    tensors_.clear();
+  }
+  bool query() const {
+    const ncclResult_t r = chorusEventQuery(event_);
+    if (r == ncclInProgress) return false;
+    check_ep(r, "the asynchronous EP call (chorusEventQuery)");
+    return true;
+  }
+
+ private:
+  chorusEvent_t event_ = nullptr;
+  std::mutex mu_;
+  std::vector<at::Tensor> tensors_;
+};
+
 // recv_x, recv_x_scales (FP8), recv_topk_idx, recv_topk_weights (when topk_weights were
 // given), num_recv_tokens_per_expert, handle.
+// With async_finish, the event of the call (else None).
 using DispatchResult =
     std::tuple<at::Tensor, c10::optional<at::Tensor>, at::Tensor, c10::optional<at::Tensor>,
-               std::vector<int64_t>, std::shared_ptr<EpHandle>>;
+               std::vector<int64_t>, std::shared_ptr<EpHandle>, std::shared_ptr<EpEvent>>;
 // recv_x, recv_x_scales (FP8), recv_count, handle, hook (None without return_recv_hook).
 using LowLatencyDispatchResult =
     std::tuple<at::Tensor, c10::optional<at::Tensor>, at::Tensor,
@@ -272,9 +326,11 @@ class EpBuffer {
                           const c10::optional<at::Tensor>& topk_weights,
                           const at::Tensor& num_tokens_per_rank,
                           const at::Tensor& is_token_in_rank,
-                          const at::Tensor& num_tokens_per_expert, int64_t expert_alignment);
-  std::tuple<at::Tensor, c10::optional<at::Tensor>> combine(
-      const at::Tensor& x, const EpHandle& handle, const c10::optional<at::Tensor>& topk_weights);
+                          const at::Tensor& num_tokens_per_expert, int64_t expert_alignment,
+                          const std::shared_ptr<EpEvent>& previous_event, bool async_finish);
+  std::tuple<at::Tensor, c10::optional<at::Tensor>, std::shared_ptr<EpEvent>> combine(
+      const at::Tensor& x, const EpHandle& handle, const c10::optional<at::Tensor>& topk_weights,
+      const std::shared_ptr<EpEvent>& previous_event, bool async_finish);
   LowLatencyDispatchResult low_latency_dispatch(const at::Tensor& x, const at::Tensor& topk_idx,
                                                 int64_t max_tokens, int64_t num_experts,
                                                 bool use_fp8, bool round_scale, bool use_ue8m0,
@@ -293,6 +349,12 @@ class EpBuffer {
   size_t count_arrivals(const at::Tensor& topk_idx, int num_experts);
   // A hook of the call that just returned `hook` (nullptr: none), keeping `outputs`. Under mu.
   std::shared_ptr<EpHook> make_hook(chorusEpHook_t hook, std::vector<at::Tensor> outputs);
+  // The stream a normal-mode call queues on: with async_finish, the buffer's (waiting first for
+  // previous_event), else NULL (blocking; previous_event is waited for). Under mu.
+  chorusStream_t stream_for(const std::shared_ptr<EpEvent>& previous_event, bool async_finish);
+  // After a call on `stream` returned: the previous call's tensors go (its work is done), and
+  // with a stream, this call's stay, and its event is returned. Under mu.
+  std::shared_ptr<EpEvent> queued(chorusStream_t stream, std::vector<at::Tensor> tensors);
 
   int rank_ = 0;
   int nranks_ = 0;
@@ -335,6 +397,21 @@ std::shared_ptr<EpHook> EpBuffer::make_hook(chorusEpHook_t hook, std::vector<at:
   return std::make_shared<EpHook>(state_, hook, std::move(outputs));
 }
 
+chorusStream_t EpBuffer::stream_for(const std::shared_ptr<EpEvent>& previous_event,
+                                    bool async_finish) {
+  chorusStream_t stream = async_finish ? state_->queue() : nullptr;
+  if (previous_event)
+    check_ep(chorusStreamWaitEvent(stream, previous_event->get()), "chorusStreamWaitEvent");
+  return stream;
+}
+
+std::shared_ptr<EpEvent> EpBuffer::queued(chorusStream_t stream, std::vector<at::Tensor> tensors) {
+  state_->in_flight.clear();
+  if (stream == nullptr) return nullptr;
+  state_->in_flight = tensors;
+  return std::make_shared<EpEvent>(stream, std::move(tensors));
+}
+
 std::tuple<at::Tensor, at::Tensor, at::Tensor> EpBuffer::get_dispatch_layout(
     const at::Tensor& topk_idx, int64_t num_experts) {
   const char* call = "get_dispatch_layout";
@@ -375,7 +452,9 @@ DispatchResult EpBuffer::dispatch(const at::Tensor& x, const c10::optional<at::T
                                   const at::Tensor& num_tokens_per_rank,
                                   const at::Tensor& is_token_in_rank,
                                   const at::Tensor& num_tokens_per_expert,
-                                  int64_t expert_alignment) {
+                                  int64_t expert_alignment,
+                                  const std::shared_ptr<EpEvent>& previous_event,
+                                  bool async_finish) {
   const char* call = "dispatch";
   const ncclDataType_t type = row_type(x, x_scales.has_value(), call);
   check_arg(x, call, "x", x.scalar_type(), {-1, -1});
@@ -426,17 +505,26 @@ DispatchResult EpBuffer::dispatch(const at::Tensor& x, const c10::optional<at::T
   out.recvCapacity = static_cast<size_t>(rows);
   out.numRecvTokensPerExpert = per_expert.data();
   chorusEpHandle_t raw = nullptr;
-  state_->check_call(chorusEpDispatch(state_->buffer, &args, &out, &raw), "chorusEpDispatch");
+  const chorusStream_t stream = stream_for(previous_event, async_finish);
+  state_->check_call(chorusEpDispatchAsync(state_->buffer, &args, &out, &raw, stream),
+                     "chorusEpDispatch");
   auto handle = std::make_shared<EpHandle>(raw, tokens, static_cast<int64_t>(out.numRecvTokens),
                                            hidden, topk);
   TORCH_INTERNAL_ASSERT(out.numRecvTokens == static_cast<size_t>(rows), "chorus dispatch: ",
                         out.numRecvTokens, " tokens arrived, ", rows, " were announced");
+  // Queued: x, its scales, topk_idx and topk_weights are read, and the outputs written, later.
+  std::vector<at::Tensor> tensors = {x, topk_idx, recv_x, recv_idx};
+  using Optional = const c10::optional<at::Tensor>*;
+  for (Optional t : std::initializer_list<Optional>{&x_scales, &topk_weights, &recv_scales, &recv_weights})
+    if (t->has_value()) tensors.push_back(**t);
+  auto event = queued(stream, std::move(tensors));
   return {recv_x, recv_scales, recv_idx, recv_weights,
-          std::vector<int64_t>(per_expert.begin(), per_expert.end()), handle};
+          std::vector<int64_t>(per_expert.begin(), per_expert.end()), handle, event};
 }
 
-std::tuple<at::Tensor, c10::optional<at::Tensor>> EpBuffer::combine(
-    const at::Tensor& x, const EpHandle& handle, const c10::optional<at::Tensor>& topk_weights) {
+std::tuple<at::Tensor, c10::optional<at::Tensor>, std::shared_ptr<EpEvent>> EpBuffer::combine(
+    const at::Tensor& x, const EpHandle& handle, const c10::optional<at::Tensor>& topk_weights,
+    const std::shared_ptr<EpEvent>& previous_event, bool async_finish) {
   const char* call = "combine";
   const ncclDataType_t type = row_type(x, false, call);
   check_arg(x, call, "x", x.scalar_type(), {handle.num_recv_tokens, handle.hidden});
@@ -447,12 +535,19 @@ std::tuple<at::Tensor, c10::optional<at::Tensor>> EpBuffer::combine(
   c10::optional<at::Tensor> combined_weights;
   if (topk_weights) combined_weights = at::empty({handle.num_tokens, handle.topk}, at::kFloat);
   std::lock_guard<std::mutex> lock(state_->mu);
+  chorusEpBuffer_t buffer = live(call);
+  const chorusStream_t stream = stream_for(previous_event, async_finish);
   state_->check_call(
-      chorusEpCombine(live(call), handle.get(), x.data_ptr(), type,
-                      topk_weights ? topk_weights->data_ptr<float>() : nullptr, combined.data_ptr(),
-                      combined_weights ? combined_weights->data_ptr<float>() : nullptr),
+      chorusEpCombineAsync(buffer, handle.get(), x.data_ptr(), type,
+                           topk_weights ? topk_weights->data_ptr<float>() : nullptr,
+                           combined.data_ptr(),
+                           combined_weights ? combined_weights->data_ptr<float>() : nullptr, stream),
       "chorusEpCombine");
-  return {combined, combined_weights};
+  std::vector<at::Tensor> tensors = {x, combined};
+  using Optional = const c10::optional<at::Tensor>*;
+  for (Optional t : std::initializer_list<Optional>{&topk_weights, &combined_weights})
+    if (t->has_value()) tensors.push_back(**t);
+  return {combined, combined_weights, queued(stream, std::move(tensors))};
 }
 
 LowLatencyDispatchResult EpBuffer::low_latency_dispatch(const at::Tensor& x,
@@ -593,6 +688,12 @@ void bind_ep(py::module_& m) {
       .def_readonly("num_experts", &EpLowLatencyHandle::num_experts)
       .def_readonly("num_local_experts", &EpLowLatencyHandle::num_local_experts)
       .def_readonly("num_max_dispatch_tokens_per_rank", &EpLowLatencyHandle::max_tokens);
+  py::class_<EpEvent, std::shared_ptr<EpEvent>>(
+      m, "EpEvent",
+      "The work an asynchronous EP call (async_finish) queued: synchronize() waits for it (its "
+      "outputs are then written) and raises its failure; query() is True once it is done.")
+      .def("synchronize", &EpEvent::synchronize, py::call_guard<py::gil_scoped_release>())
+      .def("query", &EpEvent::query, py::call_guard<py::gil_scoped_release>());
   py::class_<EpHook, std::shared_ptr<EpHook>>(
       m, "EpHook",
       "DeepEP's recv hook: calling it waits for the call's data and writes its outputs "
@@ -612,9 +713,11 @@ void bind_ep(py::module_& m) {
       .def("dispatch", &EpBuffer::dispatch, py::arg("x"), py::arg("x_scales"), py::arg("topk_idx"),
            py::arg("topk_weights"), py::arg("num_tokens_per_rank"), py::arg("is_token_in_rank"),
            py::arg("num_tokens_per_expert"), py::arg("expert_alignment"),
+           py::arg("previous_event"), py::arg("async_finish"),
            py::call_guard<py::gil_scoped_release>())
       .def("combine", &EpBuffer::combine, py::arg("x"), py::arg("handle"),
-           py::arg("topk_weights"), py::call_guard<py::gil_scoped_release>())
+           py::arg("topk_weights"), py::arg("previous_event"), py::arg("async_finish"),
+           py::call_guard<py::gil_scoped_release>())
       .def("low_latency_dispatch", &EpBuffer::low_latency_dispatch, py::arg("x"),
            py::arg("topk_idx"), py::arg("num_max_dispatch_tokens_per_rank"),
            py::arg("num_experts"), py::arg("use_fp8"), py::arg("round_scale"),
