@@ -5,7 +5,8 @@
 //
 // Dispatch: route (routing.h) -> every rank's counts to every rank (ncclAllGather: each rank
 // knows where its tokens go in each receiver's staging area) -> the ranks agree on the verdict
-// (ncclAllGather: every rank's refusal and the arguments that must match) -> each token written
+// (ncclAllGather: every rank's refusal and the arguments that must match) -> every rank's
+// tokens per expert (ncclAllGather: the receive counts per local expert) -> each token written
 // once per destination rank as a record [x | scales | topk index | topk weight] straight into
 // the receive area of a same-host receiver, or into the send area and sent (transfer.h); a host
 // of several ranks gets each token once, at its forwarder, which writes it into the receive
