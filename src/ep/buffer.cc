@@ -63,6 +63,11 @@ Buffer::Buffer(ncclComm_t comm, int rank, int nranks, std::unique_ptr<PeerAreas>
       id_(g_next_id.fetch_add(1)),
       areas_(std::move(areas)) {}
 
+Buffer::~Buffer() {
+  worker_.reset();  // runs what asynchronous calls queued
+  if (own_stream_ != nullptr) chorusStreamDestroy(own_stream_);
+}
+
 Result<std::unique_ptr<Buffer>> Buffer::create(ncclComm_t comm, size_t bytes) {
   int rank = 0, nranks = 0;
   ncclResult_t r = ncclCommUserRank(comm, &rank);
@@ -152,18 +157,39 @@ void Buffer::drain() {
 }
 
 Status Buffer::run(const char* call, Stream* stream, const std::shared_ptr<Move>& move,
-                   std::function<Status(bool write)> stage, std::function<Status()> finish) {
-  if (stream == nullptr) {
-    CHORUS_RETURN_IF_ERROR(stage(true));
-    CHORUS_RETURN_IF_ERROR(exchange(comm_, rank_, move->sends, move->recvs));
+                   std::function<Status(Part)> stage, std::function<Status()> finish) {
+  CHORUS_RETURN_IF_ERROR(stage(Part::kNone));  // the messages
+  const bool remote = std::any_of(move->sends.begin(), move->sends.end(),
+                                  [&](const SendMsg& m) { return m.peer != rank_ && m.bytes > 0; }) ||
+                      std::any_of(move->recvs.begin(), move->recvs.end(),
+                                  [&](const RecvMsg& m) { return m.peer != rank_ && m.bytes > 0; });
+  if (stream == nullptr && !remote) {
+    CHORUS_RETURN_IF_ERROR(stage(Part::kAll));
+    CHORUS_RETURN_IF_ERROR(copy_to_self(rank_, move->sends, move->recvs));
     return finish();
   }
-  // The messages are posted now, so that the communicator carries them in the order of the
-  // calls; on the stream they wait for the records they carry to be written.
-  CHORUS_RETURN_IF_ERROR(stage(false));
+  if (stream == nullptr) {
+    // Blocking, with messages to other ranks: they go first, on the buffer's own stream, so
+    // the network carries them while this thread writes into the same-host buffers.
+    if (own_stream_ == nullptr) {
+      const ncclResult_t r = chorusStreamCreate(&own_stream_);
+      if (r != ncclSuccess) return from_nccl(r, "chorusStreamCreate");
+    }
+    CHORUS_RETURN_IF_ERROR(stage(Part::kRemote));
+    CHORUS_RETURN_IF_ERROR(post_remote(comm_, rank_, move->sends, move->recvs, own_stream_));
+    Status local = stage(Part::kLocal);
+    if (local.ok()) local = copy_to_self(rank_, move->sends, move->recvs);
+    // The posted messages read and write the staging area: waited for whatever happened.
+    const ncclResult_t r = chorusStreamSynchronize(own_stream_);
+    CHORUS_RETURN_IF_ERROR(local);
+    if (r != ncclSuccess) return from_nccl(r, call);
+    return finish();
+  }
+  // Queued: the messages are posted now, so that the communicator carries them in the order of
+  // the calls; on the stream they wait for the records they carry to be written.
   if (!worker_) worker_ = std::make_unique<Worker>();
   worker_->queue(*stream, fmt::format("{}: write the tokens", call), [this, move, stage] {
-    CHORUS_RETURN_IF_ERROR(stage(true));
+    CHORUS_RETURN_IF_ERROR(stage(Part::kAll));
     return copy_to_self(rank_, move->sends, move->recvs);
   });
   CHORUS_RETURN_IF_ERROR(post_remote(comm_, rank_, move->sends, move->recvs,
@@ -293,12 +319,14 @@ Result<std::shared_ptr<Handle>> Buffer::dispatch(const chorusEpDispatchArgs_t& a
   m->step = areas_->begin_step();
   out.numRecvTokens = num_recv;  // known now (DeepEP's CPU-side count); the rest in finish
   CHORUS_RETURN_IF_ERROR(run(
-      "chorusEpDispatch", stream, m, [this, m](bool write) { return stage_dispatch(*m, write); },
+      "chorusEpDispatch", stream, m, [this, m](Part part) { return stage_dispatch(*m, part); },
       [this, m] { return finish_dispatch(*m); }));
   return h;
 }
 
-Status Buffer::stage_dispatch(DispatchMove& m, bool write) {
+Status Buffer::stage_dispatch(DispatchMove& m, Part part) {
+  const bool local_part = part == Part::kLocal || part == Part::kAll;
+  const bool remote_part = part == Part::kRemote || part == Part::kAll;
   const chorusEpDispatchArgs_t& args = m.args;
   const Handle& h = *m.handle;
   const size_t record = m.record;
@@ -311,8 +339,8 @@ Status Buffer::stage_dispatch(DispatchMove& m, bool write) {
   const size_t x_bytes = args.hidden * m.elem;
   const size_t scale_bytes = m.elem == 1 ? args.hidden / CHORUS_EP_FP8_BLOCK * sizeof(float) : 0;
   const auto k = static_cast<size_t>(args.topk);
-  const auto write_record = [&](size_t t, char* rec) {
-    if (!write) return;
+  const auto write_record = [&](size_t t, char* rec, bool wanted) {
+    if (!wanted) return;
     std::memcpy(rec, static_cast<const char*>(args.x) + t * x_bytes, x_bytes);
     rec += x_bytes;
     if (scale_bytes > 0)
@@ -335,10 +363,12 @@ Status Buffer::stage_dispatch(DispatchMove& m, bool write) {
   // records for the ranks and forwarders it does not write into][records to forward].
   char* recv_area = areas_->local();
   char* send_area = recv_area + m.num_recv * record;
-  m.forward_area = send_area + h.send_tokens.size() * record;
-  m.sends.clear();
-  m.recvs.clear();
-  m.forwarded.clear();
+  char* forward_area = send_area + h.send_tokens.size() * record;
+  // The messages, kept in `m` by the listing pass only (the writing passes may run on the
+  // worker while the calling thread posts them).
+  std::vector<SendMsg> sends;
+  std::vector<RecvMsg> recvs;
+  std::vector<DispatchMove::Forwarded> forwarded;
   size_t send_at = 0;
   for (size_t q = 0; q < n; ++q) {
     const int peer = static_cast<int>(q);
@@ -349,11 +379,11 @@ Status Buffer::stage_dispatch(DispatchMove& m, bool write) {
         return internal_error("EP records [{}, {}) for rank {} overrun its buffer of {} bytes", at,
                               at + last - first, peer, areas_->area_bytes(peer));
       for (size_t i = first; i < last; ++i)
-        write_record(h.send_tokens[i], areas_->area(peer) + (at + i - first) * record);
+        write_record(h.send_tokens[i], areas_->area(peer) + (at + i - first) * record, local_part);
     } else if (areas_->forwarder(rank_, areas_->host_of(peer)) < 0) {
       for (size_t i = first; i < last; ++i)
-        write_record(h.send_tokens[i], send_area + (send_at + i - first) * record);
-      m.sends.push_back({peer, send_area + send_at * record, (last - first) * record});
+        write_record(h.send_tokens[i], send_area + (send_at + i - first) * record, remote_part);
+      sends.push_back({peer, send_area + send_at * record, (last - first) * record});
       send_at += last - first;
     }
   }
@@ -362,23 +392,30 @@ Status Buffer::stage_dispatch(DispatchMove& m, bool write) {
     const int via = areas_->forwarder(rank_, static_cast<int>(host));
     if (via < 0) continue;
     const size_t first = send_at;
-    for (size_t t : m.forwarded_tokens[host]) write_record(t, send_area + send_at++ * record);
-    m.sends.push_back({via, send_area + first * record, (send_at - first) * record});
+    for (size_t t : m.forwarded_tokens[host])
+      write_record(t, send_area + send_at++ * record, remote_part);
+    sends.push_back({via, send_area + first * record, (send_at - first) * record});
   }
   size_t recv_at = 0;
   for (size_t q = 0; q < n; ++q) {
     const int peer = static_cast<int>(q);
     if (!areas_->written_by(peer) && areas_->forwarder(peer, my_host) < 0)
-      m.recvs.push_back({peer, recv_area + recv_at * record, to_rank(q, me) * record});
+      recvs.push_back({peer, recv_area + recv_at * record, to_rank(q, me) * record});
     recv_at += to_rank(q, me);
   }
   size_t forward_at = 0;
   for (size_t q = 0; q < n; ++q) {
     if (areas_->forwarder(static_cast<int>(q), my_host) != rank_) continue;
     const auto c = static_cast<size_t>(m.counts[q * width + n + static_cast<size_t>(my_host)]);
-    m.recvs.push_back({static_cast<int>(q), m.forward_area + forward_at * record, c * record});
-    m.forwarded.push_back({q, forward_at, c});
+    recvs.push_back({static_cast<int>(q), forward_area + forward_at * record, c * record});
+    forwarded.push_back({q, forward_at, c});
     forward_at += c;
+  }
+  if (part == Part::kNone) {
+    m.sends = std::move(sends);
+    m.recvs = std::move(recvs);
+    m.forwarded = std::move(forwarded);
+    m.forward_area = forward_area;
   }
   return Status();
 }
@@ -490,11 +527,12 @@ Status Buffer::combine(std::shared_ptr<const Handle> handle, const void* x, int 
   m->combined_weights = combined_weights;
   m->step = areas_->begin_step();
   return run(
-      "chorusEpCombine", stream, m, [this, m](bool write) { return stage_combine(*m, write); },
+      "chorusEpCombine", stream, m, [this, m](Part part) { return stage_combine(*m, part); },
       [this, m] { return finish_combine(*m); });
 }
 
-Status Buffer::stage_combine(CombineMove& m, bool write) {
+Status Buffer::stage_combine(CombineMove& m, Part part) {
+  const bool write = part == Part::kLocal || part == Part::kAll;  // rows sent go from x
   const Handle& h = *m.handle;
   const auto n = static_cast<size_t>(nranks_);
   const auto k = static_cast<size_t>(h.topk);
@@ -504,8 +542,8 @@ Status Buffer::stage_combine(CombineMove& m, bool write) {
   // counts alone.
   char* rows = areas_->local();
   char* weights = rows + combine_weights_at(h.send_tokens.size(), row);
-  m.sends.clear();
-  m.recvs.clear();
+  std::vector<SendMsg> sends;  // kept in `m` by the listing pass only (see stage_dispatch)
+  std::vector<RecvMsg> recvs;
   for (size_t q = 0; q < n; ++q) {
     const int peer = static_cast<int>(q);
     const size_t r0 = h.recv_offset[q], rn = h.recv_offset[q + 1] - r0;
@@ -524,16 +562,20 @@ Status Buffer::stage_combine(CombineMove& m, bool write) {
         std::memcpy(areas_->area(peer) + weights_there + at * weight_row, my_weights,
                     rn * weight_row);
     } else {
-      m.sends.push_back({peer, my_rows, rn * row});
-      if (m.with_weights) m.sends.push_back({peer, my_weights, rn * weight_row});
+      sends.push_back({peer, my_rows, rn * row});
+      if (m.with_weights) sends.push_back({peer, my_weights, rn * weight_row});
     }
     if (areas_->written_by(peer)) continue;
-    m.recvs.push_back({peer, rows + s0 * row, sn * row});
-    if (m.with_weights) m.recvs.push_back({peer, weights + s0 * weight_row, sn * weight_row});
+    recvs.push_back({peer, rows + s0 * row, sn * row});
+    if (m.with_weights) recvs.push_back({peer, weights + s0 * weight_row, sn * weight_row});
   }
   if (write)
     for (int q = 0; q < nranks_; ++q)
       if (q != rank_ && areas_->writes_into(q)) areas_->mark_written(q, m.step);
+  if (part == Part::kNone) {
+    m.sends = std::move(sends);
+    m.recvs = std::move(recvs);
+  }
   return Status();
 }
 

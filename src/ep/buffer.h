@@ -22,6 +22,7 @@
 #pragma once
 
 #include <chorus/ep.h>
+#include <chorus/stream.h>
 #include <nccl.h>
 
 #include <cstddef>
@@ -60,6 +61,9 @@ class Buffer {
  public:
   static Result<size_t> size_hint(int nranks, size_t max_tokens, size_t hidden, int topk);
   static Result<std::unique_ptr<Buffer>> create(ncclComm_t comm, size_t bytes);
+  ~Buffer();
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
 
   uint64_t id() const { return id_; }
   int rank() const { return rank_; }
@@ -106,19 +110,23 @@ class Buffer {
   };
   struct DispatchMove;
   struct CombineMove;
+  // What a stage writes: nothing (it lists the messages), the records of the send area, those
+  // written straight into same-host buffers, or both.
+  enum class Part { kNone, kRemote, kLocal, kAll };
 
   Buffer(ncclComm_t comm, int rank, int nranks, std::unique_ptr<PeerAreas> areas);
-  // The data movement of a call: stage(true) writes what goes into same-host buffers and the
-  // send area (stage(false) only lists the messages in `move`), the messages move, finish()
-  // waits for arrival and writes the outputs. Now (stream null) or queued on the stream.
+  // The data movement of a call: stage(part) lists the messages in `move` and writes `part`,
+  // the messages move, finish() waits for arrival and writes the outputs. Now (stream null:
+  // the messages to other ranks are posted first, then the same-host records written) or
+  // queued on the stream.
   Status run(const char* call, Stream* stream, const std::shared_ptr<Move>& move,
-             std::function<Status(bool write)> stage, std::function<Status()> finish);
+             std::function<Status(Part)> stage, std::function<Status()> finish);
   // Dispatch: every token to its ranks (or its host's forwarder); then the forwarding, the
   // arrival and the unpacking into the caller's outputs.
-  Status stage_dispatch(DispatchMove& m, bool write);
+  Status stage_dispatch(DispatchMove& m, Part part);
   Status finish_dispatch(DispatchMove& m);
   // Combine: each received token's row back to its source rank; then the sums per token.
-  Status stage_combine(CombineMove& m, bool write);
+  Status stage_combine(CombineMove& m, Part part);
   Status finish_combine(const CombineMove& m);
   void unpack(const DispatchMove& m) const;
 
@@ -129,6 +137,8 @@ class Buffer {
   std::unique_ptr<PeerAreas> areas_;  // the staging area, shared with same-host peers
   bool slot_taken_[kSlots] = {false, false};
   std::shared_ptr<Op> last_queued_;  // the last op an asynchronous call queued
+  // Blocking calls' messages to other ranks, posted before the same-host writes (run()).
+  chorusStream_t own_stream_ = nullptr;
   std::unique_ptr<Worker> worker_;   // started by the first asynchronous call; joined first
 };
 
