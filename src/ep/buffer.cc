@@ -137,6 +137,8 @@ struct Buffer::DispatchMove : Move {
   };
   std::vector<Forwarded> forwarded;
   char* forward_area = nullptr;
+  // This rank's own records in the receive area, unpacked by early() (an empty range when not).
+  std::pair<size_t, size_t> own_records{0, 0};
 };
 
 struct Buffer::CombineMove : Move {
@@ -157,7 +159,8 @@ void Buffer::drain() {
 }
 
 Status Buffer::run(const char* call, Stream* stream, const std::shared_ptr<Move>& move,
-                   std::function<Status(Part)> stage, std::function<Status()> finish) {
+                   std::function<Status(Part)> stage, std::function<void()> early,
+                   std::function<Status()> finish) {
   CHORUS_RETURN_IF_ERROR(stage(Part::kNone));  // the messages
   const bool remote = std::any_of(move->sends.begin(), move->sends.end(),
                                   [&](const SendMsg& m) { return m.peer != rank_ && m.bytes > 0; }) ||
@@ -179,6 +182,7 @@ Status Buffer::run(const char* call, Stream* stream, const std::shared_ptr<Move>
     CHORUS_RETURN_IF_ERROR(post_remote(comm_, rank_, move->sends, move->recvs, own_stream_));
     Status local = stage(Part::kLocal);
     if (local.ok()) local = copy_to_self(rank_, move->sends, move->recvs);
+    if (local.ok() && early) early();
     // The posted messages read and write the staging area: waited for whatever happened.
     const ncclResult_t r = chorusStreamSynchronize(own_stream_);
     CHORUS_RETURN_IF_ERROR(local);
@@ -320,6 +324,13 @@ Result<std::shared_ptr<Handle>> Buffer::dispatch(const chorusEpDispatchArgs_t& a
   out.numRecvTokens = num_recv;  // known now (DeepEP's CPU-side count); the rest in finish
   CHORUS_RETURN_IF_ERROR(run(
       "chorusEpDispatch", stream, m, [this, m](Part part) { return stage_dispatch(*m, part); },
+      [this, m, width, me] {
+        // Blocking, while other ranks' records are on the way: this rank's own, written by now.
+        size_t at = 0;
+        for (size_t s = 0; s < me; ++s) at += static_cast<size_t>(m->counts[s * width + me]);
+        m->own_records = {at, at + static_cast<size_t>(m->counts[me * width + me])};
+        unpack(*m, m->own_records.first, m->own_records.second);
+      },
       [this, m] { return finish_dispatch(*m); }));
   return h;
 }
@@ -460,14 +471,15 @@ Status Buffer::finish_dispatch(DispatchMove& m) {
   for (int q = 0; q < nranks_; ++q)
     if (q != rank_ && areas_->writes_into(q)) areas_->mark_written(q, m.step);
   CHORUS_RETURN_IF_ERROR(areas_->wait_written(m.step, "chorusEpDispatch"));
-  unpack(m);
+  unpack(m, 0, m.own_records.first);
+  unpack(m, m.own_records.second, m.num_recv);
   return Status();
 }
 
-void Buffer::unpack(const DispatchMove& m) const {
+void Buffer::unpack(const DispatchMove& m, size_t begin, size_t end) const {
   const chorusEpDispatchArgs_t& args = m.args;
   const chorusEpDispatchOutput_t& out = m.out;
-  const size_t elem = m.elem, record = m.record, num_recv = m.num_recv;
+  const size_t elem = m.elem, record = m.record;
   const size_t x_bytes = args.hidden * elem;
   const size_t scales = elem == 1 ? args.hidden / CHORUS_EP_FP8_BLOCK : 0;
   const auto k = static_cast<size_t>(args.topk);
@@ -476,7 +488,7 @@ void Buffer::unpack(const DispatchMove& m) const {
   const char* recv_area = areas_->local();
   std::vector<int64_t> idx(k);
   std::vector<float> w(k);
-  for (size_t i = 0; i < num_recv; ++i) {
+  for (size_t i = begin; i < end; ++i) {
     const char* rec = recv_area + i * record;
     std::memcpy(static_cast<char*>(out.recvX) + i * x_bytes, rec, x_bytes);
     rec += x_bytes;
@@ -528,7 +540,7 @@ Status Buffer::combine(std::shared_ptr<const Handle> handle, const void* x, int 
   m->step = areas_->begin_step();
   return run(
       "chorusEpCombine", stream, m, [this, m](Part part) { return stage_combine(*m, part); },
-      [this, m] { return finish_combine(*m); });
+      nullptr, [this, m] { return finish_combine(*m); });
 }
 
 Status Buffer::stage_combine(CombineMove& m, Part part) {

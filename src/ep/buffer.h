@@ -119,8 +119,11 @@ class Buffer {
   // the messages move, finish() waits for arrival and writes the outputs. Now (stream null:
   // the messages to other ranks are posted first, then the same-host records written) or
   // queued on the stream.
+  // early (may be null): blocking, with messages on the way, what can be done before they
+  // arrive.
   Status run(const char* call, Stream* stream, const std::shared_ptr<Move>& move,
-             std::function<Status(Part)> stage, std::function<Status()> finish);
+             std::function<Status(Part)> stage, std::function<void()> early,
+             std::function<Status()> finish);
   // Dispatch: every token to its ranks (or its host's forwarder); then the forwarding, the
   // arrival and the unpacking into the caller's outputs.
   Status stage_dispatch(DispatchMove& m, Part part);
@@ -128,7 +131,8 @@ class Buffer {
   // Combine: each received token's row back to its source rank; then the sums per token.
   Status stage_combine(CombineMove& m, Part part);
   Status finish_combine(const CombineMove& m);
-  void unpack(const DispatchMove& m) const;
+  // Records [begin, end) of the receive area into the caller's outputs.
+  void unpack(const DispatchMove& m, size_t begin, size_t end) const;
 
   ncclComm_t comm_;
   int rank_;
