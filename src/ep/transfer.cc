@@ -20,10 +20,12 @@
 #include <cstring>
 #include <thread>
 
+#include "api/api_util.h"
 #include "common/clock.h"
 #include "common/log.h"
 #include "common/params.h"
 #include "common/process.h"
+#include "core/comm.h"
 
 namespace chorus::ep {
 
@@ -134,10 +136,78 @@ Result<std::unique_ptr<PeerAreas>> PeerAreas::create(ncclComm_t comm, int rank, 
   // Until connect(): every rank sends to every other through the communicator.
   a->maps_.assign(a->n_ * a->n_, 0);
   for (size_t r = 0; r < a->n_; ++r) a->maps_[r * a->n_ + r] = 1;
+  a->register_area();
   return a;
 }
 
+// The keys are made here, not on the first transfer that needs them: the first dispatch does
+// not pay for them (an ibv_reg_mr of the whole area, on the progress thread), and a failure
+// (RLIMIT_MEMLOCK, a device refusing the memory) leaves the area unregistered, logged once here,
+// instead of each transfer finding no key.
+void PeerAreas::register_area() {
+  if (bytes_ == 0) return;
+  auto found = api::find_comm(comm_);
+  if (!found.ok()) {
+    CHORUS_WARN(kMoe, "EP buffer of rank {}: staging area not registered: {}", rank_,
+                found.status().message());
+    return;
+  }
+  const std::shared_ptr<Comm> c = std::move(found).value();
+  std::vector<int> slots;  // the key slots of the transports that carry traffic to a peer
+  for (int q = 0; q < nranks_; ++q) {
+    const int slot = q == rank_ ? -1 : c->key_slot(q);
+    if (slot >= 0 && std::find(slots.begin(), slots.end(), slot) == slots.end())
+      slots.push_back(slot);
+  }
+  if (slots.empty()) {
+    CHORUS_INFO(kMoe,
+                "EP buffer of rank {}: staging area not registered with the communicator: no "
+                "transport to its peers uses registered memory",
+                rank_);
+    return;
+  }
+  auto handle = c->register_buffer(local_, bytes_);
+  if (!handle.ok()) {
+    CHORUS_WARN(kMoe, "EP buffer of rank {}: registering its staging area of {} bytes failed ({}); "
+                "its messages go through the transports' buffers",
+                rank_, bytes_, handle.status().message());
+    return;
+  }
+  Status keyed;
+  {
+    auto pin = c->pin(local_, bytes_, "chorusEpBufferCreate");
+    if (!pin.ok()) keyed = pin.take_status();
+    for (size_t i = 0; keyed.ok() && i < slots.size(); ++i) {
+      auto key = pin->key(slots[i]);
+      if (!key.ok()) keyed = key.take_status();
+    }
+  }  // unpinned: the handle keeps the registration
+  if (!keyed.ok()) {
+    // Unpinned, so this succeeds; said if not.
+    Status undone = c->deregister_buffer(*handle);
+    CHORUS_WARN(kMoe, "EP buffer of rank {}: staging area of {} bytes not registered: {}{}; its "
+                "messages go through the transports' buffers",
+                rank_, bytes_, keyed.message(),
+                undone.ok() ? "" : fmt::format(" (deregistering it: {})", undone.message()));
+    return;
+  }
+  registered_with_ = c;
+  registration_ = *handle;
+  CHORUS_INFO(kMoe, "EP buffer of rank {}: staging area of {} bytes registered with the "
+              "communicator ({} transport key{})",
+              rank_, bytes_, slots.size(), slots.size() == 1 ? "" : "s");
+}
+
 PeerAreas::~PeerAreas() {
+  // Before the memory goes: a registration left behind would describe pages that are gone.
+  if (registration_ != nullptr) {
+    if (std::shared_ptr<Comm> c = registered_with_.lock()) {
+      Status s = c->deregister_buffer(registration_);
+      if (!s.ok())
+        CHORUS_WARN(kMoe, "EP buffer of rank {}: deregistering its staging area: {}", rank_,
+                    s.message());
+    }
+  }
   for (size_t r = 0; r < peers_.size(); ++r)
     if (peers_[r].map != nullptr) munmap(peers_[r].map, peers_[r].map_bytes);
   if (map_ != nullptr) munmap(map_, map_bytes_);

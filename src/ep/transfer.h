@@ -9,6 +9,10 @@
 // second copy on the way. Other hosts (or pairs that could not map each other, or
 // CHORUS_EP_MAP=0, or a CHORUS_TRANSPORT that forces a transport without shared memory): the
 // messages go as one group of ncclSend/ncclRecv on the buffer's communicator (exchange()).
+// The staging area is registered with the communicator (as by ncclCommRegister) when a
+// transport to a peer uses registered memory: over verbs, a message between two staging areas
+// of at least CHORUS_IB_RDV_BYTES is then RDMA-written by the sender's HCA straight into the
+// receiver's area (zero copy), and smaller ones are read by the HCA where they are.
 //
 // Order: each step (a dispatch or a combine) begins with a collective on the communicator (the
 // count exchange, the agreement) that every rank enters only after it has finished reading its
@@ -26,6 +30,10 @@
 #include "common/status.h"
 #include "common/unique_fd.h"
 #include "core/liveness.h"
+
+namespace chorus {
+class Comm;
+}
 
 namespace chorus::ep {
 
@@ -58,15 +66,20 @@ Status post_remote(ncclComm_t comm, int rank, const std::vector<SendMsg>& sends,
 // This rank's staging area, and the staging areas of the same-host ranks it writes into.
 class PeerAreas {
  public:
-  // A memfd-backed area of `bytes` (plus one arrival word per rank of the communicator).
+  // A memfd-backed area of `bytes` (plus one arrival word per rank of the communicator),
+  // registered with the communicator where a transport uses registered memory (a failed
+  // registration is logged, and the area's messages go the ordinary way).
   static Result<std::unique_ptr<PeerAreas>> create(ncclComm_t comm, int rank, int nranks,
                                                    size_t bytes);
+  // Deregisters the area and unmaps it.
   ~PeerAreas();
   PeerAreas(const PeerAreas&) = delete;
   PeerAreas& operator=(const PeerAreas&) = delete;
 
   char* local() const { return local_; }
   size_t bytes() const { return bytes_; }
+  // True when the area is registered with the communicator (its transports' keys made).
+  bool registered() const { return registration_ != nullptr; }
 
   // Collective, once, before the first step: every rank publishes where its area is and maps
   // its same-host peers' areas; then the ranks publish which peers they mapped, so both ends
@@ -113,6 +126,9 @@ class PeerAreas {
   static size_t idx(int r) { return static_cast<size_t>(r); }
   size_t header_bytes() const;
   Result<Peer> map_peer(int pid, int fd, size_t bytes) const;
+  // Registers [local_, local_ + bytes_) with the communicator and makes the key of every
+  // transport that carries traffic to a peer; on failure logs why and leaves it unregistered.
+  void register_area();
 
   ncclComm_t comm_;
   int rank_;
@@ -123,6 +139,8 @@ class PeerAreas {
   void* map_ = nullptr;
   size_t map_bytes_ = 0;
   char* local_ = nullptr;
+  std::weak_ptr<Comm> registered_with_;  // the communicator, while it lives
+  void* registration_ = nullptr;         // its handle for the area (Comm::register_buffer)
   bool connected_ = false;
   uint64_t step_ = 0;
   std::vector<Peer> peers_;    // [nranks]; self is the local area

@@ -28,9 +28,14 @@
 //                                         error feedback.
 //   chorus_mp_worker ep                   MoE dispatch and combine (ep_check.h): every routing
 //                                         and datatype checked against each rank's own
-//                                         reference; bad input refused on every rank.
+//                                         reference; bad input refused on every rank. Then the
+//                                         verbs byte counters: with CHORUS_TEST_EP_ZERO_COPY=1
+//                                         this rank must have sent and received EP tokens zero
+//                                         copy (its staging area is registered).
 //   chorus_mp_worker ep-ll                the same in low-latency mode (ep_ll_check.h), and two
-//                                         micro-batches in flight with hooks.
+//                                         micro-batches in flight with hooks; the same verbs
+//                                         counters (its messages are all under the default
+//                                         CHORUS_IB_RDV_BYTES: zero copy only below it).
 //   chorus_mp_worker topology file|measured|refused
 //                                         CHORUS_TOPO_FILE at creation: the cost model the
 //                                         file's, measured, or creation refused on every rank.
@@ -364,6 +369,28 @@ int run_zero_copy(ncclComm_t comm, int rank, int nranks, size_t count) {
   }
   return failures == 0 ? 0 : 1;
 }
+
+// After the EP checks over verbs: the payload bytes each way since `before`, printed; with
+// CHORUS_TEST_EP_ZERO_COPY=1, "" only if some went zero copy both ways. The DeepEP-shaped case
+// of check_ep_matrix dispatches messages of hundreds of KiB between staging areas, registered
+// by the EP buffer: each is RDMA-written into the receiver's area. The smaller ones (under
+// CHORUS_IB_RDV_BYTES), and normal combine's (sent from the caller's x, not registered), go
+// through the rings.
+std::string check_ep_zero_copy(int rank, const chorus::verbs::ByteCounts& before) {
+  const chorus::verbs::ByteCounts after = chorus::verbs::process_byte_counts();
+  const uint64_t zc_sent = after.zero_copy_sent - before.zero_copy_sent;
+  const uint64_t zc_received = after.zero_copy_received - before.zero_copy_received;
+  const char* want = std::getenv("CHORUS_TEST_EP_ZERO_COPY");
+  const bool required = want != nullptr && std::strcmp(want, "1") == 0;
+  if (!required && after.ring_sent == before.ring_sent && zc_sent == 0) return "";  // no verbs
+  fmt::print("rank {}: EP verbs payload bytes: through rings {} sent, {} received; zero copy {} "
+             "sent, {} received\n",
+             rank, after.ring_sent - before.ring_sent, after.ring_received - before.ring_received,
+             zc_sent, zc_received);
+  if (!required || (zc_sent > 0 && zc_received > 0)) return "";
+  return fmt::format("no EP tokens went zero copy over verbs ({} bytes sent, {} received)\n",
+                     zc_sent, zc_received);
+}
 #endif
 
 // CHORUS_TEST_HOST_OF (support/test_hosts.h): this rank's CHORUS_HOST_ID, set before anything
@@ -497,13 +524,25 @@ int main(int argc, char** argv) {
     rc = f.empty() ? 0 : 1;
   }
   if (std::strcmp(argv[1], "ep") == 0) {
+#if CHORUS_MP_VERBS
+    const chorus::verbs::ByteCounts before = chorus::verbs::process_byte_counts();
+#endif
     std::string f = check_ep_matrix(comm, 4242) + check_ep_async(comm) + check_ep_bad_input(comm);
+#if CHORUS_MP_VERBS
+    f += check_ep_zero_copy(rank, before);
+#endif
     if (!f.empty()) fmt::print(stderr, "rank {}:\n{}", rank, f);
     rc = f.empty() ? 0 : 1;
   }
   if (std::strcmp(argv[1], "ep-ll") == 0) {
+#if CHORUS_MP_VERBS
+    const chorus::verbs::ByteCounts before = chorus::verbs::process_byte_counts();
+#endif
     std::string f = check_ep_ll_matrix(comm, 4343) + check_ep_ll_hooks(comm, 4344) +
                     check_ep_ll_bad_input(comm);
+#if CHORUS_MP_VERBS
+    f += check_ep_zero_copy(rank, before);
+#endif
     if (!f.empty()) fmt::print(stderr, "rank {}:\n{}", rank, f);
     rc = f.empty() ? 0 : 1;
   }
