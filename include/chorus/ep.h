@@ -49,7 +49,12 @@
  * the communicator's transports (TCP, UCX, verbs), each token once per destination host (not
  * once per rank): one rank there receives it and writes it into the buffers of the ranks of
  * its host that hold its experts (senders are spread over a host's ranks). Combine results
- * travel back per rank. CHORUS_EP_MAP=0, or a CHORUS_TRANSPORT that
+ * travel back per rank. The staging area is registered with the communicator where a transport
+ * makes registration keys (verbs, UCX): over verbs, dispatch messages of at least
+ * CHORUS_IB_RDV_BYTES are RDMA-written straight into the receiver's staging area (zero copy);
+ * combine's rows, sent from the caller's x, and smaller messages go through the transport's
+ * rings. A blocking call posts its messages to other hosts first and writes the same-host
+ * records while they travel. CHORUS_EP_MAP=0, or a CHORUS_TRANSPORT that
  * forces a transport without shared memory, sends every token through the communicator.
  *
  * Calls are collective, and blocking unless queued on a host stream (see "Asynchronous calls"
