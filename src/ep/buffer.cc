@@ -27,12 +27,6 @@ size_t align8(size_t v) { return (v + 7) / 8 * 8; }
 // aligned: BF16 rows may be odd-sized).
 size_t combine_weights_at(size_t rows, size_t row) { return align8(rows * row); }
 
-// Combine's messages of `rows` rows travel in this many pieces, each its own group of messages
-// (Buffer::Move): the receiver sums the tokens of the first pieces while the others travel. Both
-// ends of a pair compute it from the same count.
-constexpr size_t kCombinePieces = 4;
-size_t combine_pieces(size_t rows) { return rows >= 64 * kCombinePieces ? kCombinePieces : 1; }
-
 // One dispatched token on the wire: x, its FP8 scales, topk int64 indices, topk float weights.
 size_t record_bytes(size_t hidden, size_t elem, int topk) {
   const size_t scales = elem == 1 ? hidden / CHORUS_EP_FP8_BLOCK * sizeof(float) : 0;
@@ -164,38 +158,14 @@ void Buffer::drain() {
   last_queued_.reset();
 }
 
-namespace {
-
-// Posts the messages of each group of `move` in order on `stream`; after group g, `record(g)`.
-Status post_groups(ncclComm_t comm, int rank, const std::vector<SendMsg>& sends,
-                   const std::vector<RecvMsg>& recvs, int groups,
-                   const std::vector<int>& send_group, const std::vector<int>& recv_group,
-                   cudaStream_t stream, const std::function<Status(int)>& record) {
-  for (int g = 0; g < groups; ++g) {
-    std::vector<SendMsg> s;
-    std::vector<RecvMsg> r;
-    for (size_t i = 0; i < sends.size(); ++i)
-      if ((send_group.empty() ? 0 : send_group[i]) == g) s.push_back(sends[i]);
-    for (size_t i = 0; i < recvs.size(); ++i)
-      if ((recv_group.empty() ? 0 : recv_group[i]) == g) r.push_back(recvs[i]);
-    CHORUS_RETURN_IF_ERROR(post_remote(comm, rank, s, r, stream));
-    if (record) CHORUS_RETURN_IF_ERROR(record(g));
-  }
-  return Status();
-}
-
-}  // namespace
-
 Status Buffer::run(const char* call, Stream* stream, const std::shared_ptr<Move>& move,
                    std::function<Status(Part)> stage, std::function<void()> early,
                    std::function<Status()> finish) {
   CHORUS_RETURN_IF_ERROR(stage(Part::kNone));  // the messages
-  const auto remote_msg = [&](int peer, size_t bytes) { return peer != rank_ && bytes > 0; };
-  const bool remote =
-      std::any_of(move->sends.begin(), move->sends.end(),
-                  [&](const SendMsg& m) { return remote_msg(m.peer, m.bytes); }) ||
-      std::any_of(move->recvs.begin(), move->recvs.end(),
-                  [&](const RecvMsg& m) { return remote_msg(m.peer, m.bytes); });
+  const bool remote = std::any_of(move->sends.begin(), move->sends.end(),
+                                  [&](const SendMsg& m) { return m.peer != rank_ && m.bytes > 0; }) ||
+                      std::any_of(move->recvs.begin(), move->recvs.end(),
+                                  [&](const RecvMsg& m) { return m.peer != rank_ && m.bytes > 0; });
   if (stream == nullptr && !remote) {
     CHORUS_RETURN_IF_ERROR(stage(Part::kAll));
     CHORUS_RETURN_IF_ERROR(copy_to_self(rank_, move->sends, move->recvs));
@@ -203,51 +173,31 @@ Status Buffer::run(const char* call, Stream* stream, const std::shared_ptr<Move>
   }
   if (stream == nullptr) {
     // Blocking, with messages to other ranks: they go first, on the buffer's own stream, so
-    // the network carries them while this thread writes into the same-host buffers (and, with
-    // `progressive`, while finish() works on the groups that arrived).
+    // the network carries them while this thread writes into the same-host buffers.
     if (own_stream_ == nullptr) {
       const ncclResult_t r = chorusStreamCreate(&own_stream_);
       if (r != ncclSuccess) return from_nccl(r, "chorusStreamCreate");
     }
-    std::vector<chorusEvent_t> arrived(static_cast<size_t>(move->groups), nullptr);
-    Status st = stage(Part::kRemote);
-    if (st.ok())
-      st = post_groups(comm_, rank_, move->sends, move->recvs, move->groups, move->send_group,
-                       move->recv_group, own_stream_, [&](int g) {
-                         chorusEvent_t& e = arrived[static_cast<size_t>(g)];
-                         ncclResult_t r = chorusEventCreate(&e);
-                         if (r == ncclSuccess) r = chorusEventRecord(e, own_stream_);
-                         return r == ncclSuccess ? Status() : from_nccl(r, "chorusEventRecord");
-                       });
-    if (st.ok()) st = stage(Part::kLocal);
-    if (st.ok()) st = copy_to_self(rank_, move->sends, move->recvs);
-    if (st.ok() && early) early();
-    move->wait_group = [&](int g) {
-      const ncclResult_t r = chorusEventSynchronize(arrived[static_cast<size_t>(g)]);
-      return r == ncclSuccess ? Status() : from_nccl(r, call);
-    };
-    if (st.ok() && !move->progressive)
-      for (int g = 0; st.ok() && g < move->groups; ++g) st = move->wait_group(g);
-    if (st.ok()) st = finish();
-    move->wait_group = [](int) { return Status(); };
+    CHORUS_RETURN_IF_ERROR(stage(Part::kRemote));
+    CHORUS_RETURN_IF_ERROR(post_remote(comm_, rank_, move->sends, move->recvs, own_stream_));
+    Status local = stage(Part::kLocal);
+    if (local.ok()) local = copy_to_self(rank_, move->sends, move->recvs);
+    if (local.ok() && early) early();
     // The posted messages read and write the staging area: waited for whatever happened.
     const ncclResult_t r = chorusStreamSynchronize(own_stream_);
-    for (chorusEvent_t e : arrived)
-      if (e != nullptr) chorusEventDestroy(e);
-    CHORUS_RETURN_IF_ERROR(st);
-    return r == ncclSuccess ? Status() : from_nccl(r, call);
+    CHORUS_RETURN_IF_ERROR(local);
+    if (r != ncclSuccess) return from_nccl(r, call);
+    return finish();
   }
   // Queued: the messages are posted now, so that the communicator carries them in the order of
-  // the calls; on the stream they wait for the records they carry to be written, and finish()
-  // for all of them.
+  // the calls; on the stream they wait for the records they carry to be written.
   if (!worker_) worker_ = std::make_unique<Worker>();
   worker_->queue(*stream, fmt::format("{}: write the tokens", call), [this, move, stage] {
     CHORUS_RETURN_IF_ERROR(stage(Part::kAll));
     return copy_to_self(rank_, move->sends, move->recvs);
   });
-  CHORUS_RETURN_IF_ERROR(post_groups(comm_, rank_, move->sends, move->recvs, move->groups,
-                                     move->send_group, move->recv_group,
-                                     reinterpret_cast<cudaStream_t>(stream), nullptr));
+  CHORUS_RETURN_IF_ERROR(post_remote(comm_, rank_, move->sends, move->recvs,
+                                     reinterpret_cast<cudaStream_t>(stream)));
   last_queued_ = worker_->queue(*stream, fmt::format("{}: receive", call), std::move(finish));
   return Status();
 }
@@ -606,7 +556,6 @@ Status Buffer::stage_combine(CombineMove& m, Part part) {
   char* weights = rows + combine_weights_at(h.send_tokens.size(), row);
   std::vector<SendMsg> sends;  // kept in `m` by the listing pass only (see stage_dispatch)
   std::vector<RecvMsg> recvs;
-  std::vector<int> send_group, recv_group;
   for (size_t q = 0; q < n; ++q) {
     const int peer = static_cast<int>(q);
     const size_t r0 = h.recv_offset[q], rn = h.recv_offset[q + 1] - r0;
@@ -625,27 +574,12 @@ Status Buffer::stage_combine(CombineMove& m, Part part) {
         std::memcpy(areas_->area(peer) + weights_there + at * weight_row, my_weights,
                     rn * weight_row);
     } else {
-      // In pieces (groups), so that the receiver sums the first tokens while the rest travels.
-      const size_t pieces = combine_pieces(rn);
-      for (size_t p = 0; p < pieces; ++p) {
-        const size_t a = rn * p / pieces, b = rn * (p + 1) / pieces;
-        sends.push_back({peer, my_rows + a * row, (b - a) * row});
-        send_group.push_back(static_cast<int>(p));
-        if (!m.with_weights) continue;
-        sends.push_back({peer, my_weights + a * k, (b - a) * weight_row});
-        send_group.push_back(static_cast<int>(p));
-      }
+      sends.push_back({peer, my_rows, rn * row});
+      if (m.with_weights) sends.push_back({peer, my_weights, rn * weight_row});
     }
     if (areas_->written_by(peer)) continue;
-    const size_t pieces = combine_pieces(sn);
-    for (size_t p = 0; p < pieces; ++p) {
-      const size_t a = sn * p / pieces, b = sn * (p + 1) / pieces;
-      recvs.push_back({peer, rows + (s0 + a) * row, (b - a) * row});
-      recv_group.push_back(static_cast<int>(p));
-      if (!m.with_weights) continue;
-      recvs.push_back({peer, weights + (s0 + a) * weight_row, (b - a) * weight_row});
-      recv_group.push_back(static_cast<int>(p));
-    }
+    recvs.push_back({peer, rows + s0 * row, sn * row});
+    if (m.with_weights) recvs.push_back({peer, weights + s0 * weight_row, sn * weight_row});
   }
   if (write)
     for (int q = 0; q < nranks_; ++q)
@@ -653,10 +587,6 @@ Status Buffer::stage_combine(CombineMove& m, Part part) {
   if (part == Part::kNone) {
     m.sends = std::move(sends);
     m.recvs = std::move(recvs);
-    m.send_group = std::move(send_group);
-    m.recv_group = std::move(recv_group);
-    m.groups = static_cast<int>(kCombinePieces);
-    m.progressive = true;
   }
   return Status();
 }
@@ -686,43 +616,22 @@ Status Buffer::finish_combine(const CombineMove& m) {
   const kernels::ConvertFn widen = kernels::kernels().to_float[kBf16];
   const kernels::ConvertFn narrow = kernels::kernels().from_float[kBf16];
   std::vector<float> sum(bf16 ? h.hidden : 0), widened(bf16 ? h.hidden : 0);
-  const auto sum_tokens = [&](size_t begin, size_t end) {
-    for (size_t t = begin; t < end; ++t) {
-      float* dst = bf16 ? sum.data() : static_cast<float*>(m.combined_x) + t * h.hidden;
-      std::fill(dst, dst + h.hidden, 0.0f);
-      float* wdst = m.with_weights ? m.combined_weights + t * k : nullptr;
-      if (m.with_weights) std::fill(wdst, wdst + k, 0.0f);
-      for (size_t j = first_row[t]; j < first_row[t + 1]; ++j) {
-        const size_t i = token_rows[j];
-        const void* src = rows + i * row;
-        if (bf16) {
-          widen(widened.data(), src, h.hidden);
-          src = widened.data();
-        }
-        add(dst, dst, src, h.hidden);
-        if (m.with_weights) add(wdst, wdst, weights + i * weight_row, k);
+  for (size_t t = 0; t < h.num_tokens; ++t) {
+    float* dst = bf16 ? sum.data() : static_cast<float*>(m.combined_x) + t * h.hidden;
+    std::fill(dst, dst + h.hidden, 0.0f);
+    float* wdst = m.with_weights ? m.combined_weights + t * k : nullptr;
+    if (m.with_weights) std::fill(wdst, wdst + k, 0.0f);
+    for (size_t j = first_row[t]; j < first_row[t + 1]; ++j) {
+      const size_t i = token_rows[j];
+      const void* src = rows + i * row;
+      if (bf16) {
+        widen(widened.data(), src, h.hidden);
+        src = widened.data();
       }
-      if (bf16) narrow(static_cast<char*>(m.combined_x) + t * row, dst, h.hidden);
+      add(dst, dst, src, h.hidden);
+      if (m.with_weights) add(wdst, wdst, weights + i * weight_row, k);
     }
-  };
-  // As the groups of messages arrive: after group g, the first (g + 1) / pieces of the rows
-  // each rank sends by message are here; those come in ascending token order, so every token
-  // below the first one still missing from some rank has all its rows.
-  const auto n = static_cast<size_t>(nranks_);
-  size_t done = 0;
-  for (int g = 0; g < m.groups; ++g) {
-    CHORUS_RETURN_IF_ERROR(m.wait_group(g));
-    size_t ready = h.num_tokens;
-    for (size_t q = 0; q < n && g + 1 < m.groups; ++q) {
-      if (areas_->written_by(static_cast<int>(q))) continue;
-      const size_t s0 = h.send_offset[q], sn = h.send_offset[q + 1] - s0;
-      const size_t pieces = combine_pieces(sn);
-      const auto arrived = static_cast<size_t>(g) + 1;
-      const size_t end = arrived >= pieces ? sn : sn * arrived / pieces;
-      if (end < sn) ready = std::min(ready, h.send_tokens[s0 + end]);
-    }
-    if (ready > done) sum_tokens(done, ready);
-    done = std::max(done, ready);
+    if (bf16) narrow(static_cast<char*>(m.combined_x) + t * row, dst, h.hidden);
   }
   return Status();
 }

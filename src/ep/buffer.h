@@ -107,13 +107,6 @@ class Buffer {
   struct Move {
     std::vector<SendMsg> sends;
     std::vector<RecvMsg> recvs;
-    // Messages travel in `groups` groups, posted in order: message i in send_group[i] (and
-    // recv_group[i]; empty: all in group 0). With `progressive`, finish() waits for each group
-    // itself (wait_group), so that it can work on what arrived while the rest travels.
-    int groups = 1;
-    std::vector<int> send_group, recv_group;
-    bool progressive = false;
-    std::function<Status(int group)> wait_group = [](int) { return Status(); };
   };
   struct DispatchMove;
   struct CombineMove;

@@ -453,8 +453,7 @@ std::vector<EpCase> matrix_cases(int nranks, uint64_t seed) {
   // DeepEP's shape (hidden 7168, top-8, FP8 dispatch, BF16 combine): messages of many chunks.
   EpCase big{Routing::kSkewed, ncclFloat8e4m3, ncclBfloat16, 7168, 8, 4, 48, 16, true, seed + 999};
   cases.push_back(big);
-  // Many tokens of a few channels: hundreds of rows between each pair, so combine's messages go
-  // in pieces (the receiver sums the first tokens while the rest travel).
+  // Many tokens of a few channels: hundreds of rows between each pair of ranks.
   EpCase many{Routing::kUniform, ncclBfloat16, ncclBfloat16, 40, 2, 2, 1500, 1, false, seed + 555};
   cases.push_back(many);
   return cases;
