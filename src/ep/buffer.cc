@@ -127,8 +127,10 @@ struct Buffer::DispatchMove : Move {
   std::shared_ptr<const Handle> handle;  // the tokens for each rank
   // This rank's tokens for each host's forwarder (PeerAreas::forwarder), ascending.
   std::vector<std::vector<size_t>> forwarded_tokens;
-  // Row s (nranks + hosts wide): the tokens rank s sends to each rank, then to each forwarder.
+  // Row s (`width` = nranks + hosts wide): the tokens rank s sends to each rank, then to each
+  // forwarder.
   std::vector<int64_t> counts;
+  size_t width = 0;
   uint64_t step = 0;
   // What this rank receives to forward: `count` records of rank `source` at record `first` of
   // the forward area.
@@ -139,6 +141,15 @@ struct Buffer::DispatchMove : Move {
   char* forward_area = nullptr;
   // This rank's own records in the receive area, unpacked by early() (an empty range when not).
   std::pair<size_t, size_t> own_records{0, 0};
+
+  // Tokens rank s sends to rank q.
+  size_t to_rank(size_t s, size_t q) const { return static_cast<size_t>(counts[s * width + q]); }
+  // Where rank q reads the records of rank s: after those of the ranks below s.
+  size_t read_at(size_t s, size_t q) const {
+    size_t at = 0;
+    for (size_t j = 0; j < s; ++j) at += to_rank(j, q);
+    return at;
+  }
 };
 
 struct Buffer::CombineMove : Move {
@@ -320,15 +331,15 @@ Result<std::shared_ptr<Handle>> Buffer::dispatch(const chorusEpDispatchArgs_t& a
   m->handle = h;
   m->forwarded_tokens = std::move(forwarded);
   m->counts = std::move(counts);
+  m->width = width;
   m->step = areas_->begin_step();
   out.numRecvTokens = num_recv;  // known now (DeepEP's CPU-side count); the rest in finish
   CHORUS_RETURN_IF_ERROR(run(
       "chorusEpDispatch", stream, m, [this, m](Part part) { return stage_dispatch(*m, part); },
-      [this, m, width, me] {
+      [this, m, me] {
         // Blocking, while other ranks' records are on the way: this rank's own, written by now.
-        size_t at = 0;
-        for (size_t s = 0; s < me; ++s) at += static_cast<size_t>(m->counts[s * width + me]);
-        m->own_records = {at, at + static_cast<size_t>(m->counts[me * width + me])};
+        const size_t at = m->read_at(me, me);
+        m->own_records = {at, at + m->to_rank(me, me)};
         unpack(*m, m->own_records.first, m->own_records.second);
       },
       [this, m] { return finish_dispatch(*m); }));
@@ -343,10 +354,8 @@ Status Buffer::stage_dispatch(DispatchMove& m, Part part) {
   const size_t record = m.record;
   const auto n = static_cast<size_t>(nranks_);
   const auto nh = static_cast<size_t>(areas_->num_hosts());
-  const size_t width = n + nh;
   const auto me = static_cast<size_t>(rank_);
   const int my_host = areas_->host_of(rank_);
-  const auto to_rank = [&](size_t s, size_t q) { return static_cast<size_t>(m.counts[s * width + q]); };
   const size_t x_bytes = args.hidden * m.elem;
   const size_t scale_bytes = m.elem == 1 ? args.hidden / CHORUS_EP_FP8_BLOCK * sizeof(float) : 0;
   const auto k = static_cast<size_t>(args.topk);
@@ -364,12 +373,6 @@ Status Buffer::stage_dispatch(DispatchMove& m, Part part) {
     else
       std::memset(rec, 0, k * sizeof(float));
   };
-  // Where rank q reads the records of rank s: after those of the ranks below s.
-  const auto read_at = [&](size_t s, size_t q) {
-    size_t at = 0;
-    for (size_t j = 0; j < s; ++j) at += to_rank(j, q);
-    return at;
-  };
   // This rank's staging: [receive area: records from every rank, by source rank][send area:
   // records for the ranks and forwarders it does not write into][records to forward].
   char* recv_area = areas_->local();
@@ -385,7 +388,7 @@ Status Buffer::stage_dispatch(DispatchMove& m, Part part) {
     const int peer = static_cast<int>(q);
     const size_t first = h.send_offset[q], last = h.send_offset[q + 1];
     if (areas_->writes_into(peer)) {
-      const size_t at = read_at(me, q);
+      const size_t at = m.read_at(me, q);
       if ((at + last - first) * record > areas_->area_bytes(peer))
         return internal_error("EP records [{}, {}) for rank {} overrun its buffer of {} bytes", at,
                               at + last - first, peer, areas_->area_bytes(peer));
@@ -411,13 +414,13 @@ Status Buffer::stage_dispatch(DispatchMove& m, Part part) {
   for (size_t q = 0; q < n; ++q) {
     const int peer = static_cast<int>(q);
     if (!areas_->written_by(peer) && areas_->forwarder(peer, my_host) < 0)
-      recvs.push_back({peer, recv_area + recv_at * record, to_rank(q, me) * record});
-    recv_at += to_rank(q, me);
+      recvs.push_back({peer, recv_area + recv_at * record, m.to_rank(q, me) * record});
+    recv_at += m.to_rank(q, me);
   }
   size_t forward_at = 0;
   for (size_t q = 0; q < n; ++q) {
     if (areas_->forwarder(static_cast<int>(q), my_host) != rank_) continue;
-    const auto c = static_cast<size_t>(m.counts[q * width + n + static_cast<size_t>(my_host)]);
+    const size_t c = m.to_rank(q, n + static_cast<size_t>(my_host));
     recvs.push_back({static_cast<int>(q), forward_area + forward_at * record, c * record});
     forwarded.push_back({q, forward_at, c});
     forward_at += c;
@@ -435,23 +438,17 @@ Status Buffer::finish_dispatch(DispatchMove& m) {
   const chorusEpDispatchArgs_t& args = m.args;
   const size_t record = m.record;
   const auto n = static_cast<size_t>(nranks_);
-  const auto width = n + static_cast<size_t>(areas_->num_hosts());
   const int my_host = areas_->host_of(rank_);
   const size_t x_bytes = args.hidden * m.elem;
   const size_t scale_bytes = m.elem == 1 ? args.hidden / CHORUS_EP_FP8_BLOCK * sizeof(float) : 0;
   const auto k = static_cast<size_t>(args.topk);
-  const auto read_at = [&](size_t s, size_t q) {
-    size_t at = 0;
-    for (size_t j = 0; j < s; ++j) at += static_cast<size_t>(m.counts[j * width + q]);
-    return at;
-  };
   // Forward: each record to the ranks of this host that hold one of its experts, in the place
   // where they read that source's records (tokens arrive in ascending order, as they are read).
   const int64_t local = args.numExperts / nranks_;
   std::vector<size_t> next(n, 0);
   std::vector<int64_t> idx(k);
   for (const DispatchMove::Forwarded& f : m.forwarded) {
-    for (int q : areas_->host_ranks(my_host)) next[static_cast<size_t>(q)] = read_at(f.source, static_cast<size_t>(q));
+    for (int q : areas_->host_ranks(my_host)) next[static_cast<size_t>(q)] = m.read_at(f.source, static_cast<size_t>(q));
     for (size_t i = 0; i < f.count; ++i) {
       const char* rec = m.forward_area + (f.first + i) * record;
       std::memcpy(idx.data(), rec + x_bytes + scale_bytes, k * sizeof(int64_t));
