@@ -40,31 +40,6 @@ kernels::BlockCodec fp8_codec(int datatype, bool round_scale) {
 
 size_t elem_size(int datatype) { return datatype == ncclFloat32 ? 4 : 2; }
 
-// Queues the sends and receives of `sends` / `recvs` (zero-byte and self messages skipped) on
-// `stream` as one group.
-Status post(ncclComm_t comm, int rank, chorusStream_t stream, const std::vector<SendMsg>& sends,
-            const std::vector<RecvMsg>& recvs) {
-  ncclResult_t r = ncclGroupStart();
-  if (r != ncclSuccess) return from_nccl(r, "ncclGroupStart");
-  ncclResult_t posted = ncclSuccess;
-  for (const auto& s : sends) {
-    if (s.peer == rank || s.bytes == 0) continue;
-    posted = ncclSend(s.data, s.bytes, ncclUint8, s.peer, comm, stream);
-    if (posted != ncclSuccess) break;
-  }
-  for (const auto& m : recvs) {
-    if (posted != ncclSuccess) break;
-    if (m.peer == rank || m.bytes == 0) continue;
-    posted = ncclRecv(m.data, m.bytes, ncclUint8, m.peer, comm, stream);
-  }
-  // The group is closed whatever happened, so the communicator leaves group mode.
-  Status post_error = posted == ncclSuccess ? Status() : from_nccl(posted, "ncclSend/ncclRecv");
-  r = ncclGroupEnd();
-  if (!post_error.ok()) return post_error;
-  if (r != ncclSuccess) return from_nccl(r, "grouped ncclSend/ncclRecv of EP low-latency data");
-  return Status();
-}
-
 // A new stream for one call.
 Result<chorusStream_t> new_stream() {
   chorusStream_t stream = nullptr;
@@ -354,7 +329,7 @@ Status low_latency_dispatch(const std::shared_ptr<Buffer>& buffer,
   }
   auto posted = std::make_unique<LowLatencyCall>(
       buffer, slot, stream.value(), [p, out, h]() { return unpack_dispatch(p, out, *h); });
-  CHORUS_RETURN_IF_ERROR(post(b.comm(), b.rank(), stream.value(), sends, recvs));
+  CHORUS_RETURN_IF_ERROR(post_remote(b.comm(), b.rank(), sends, recvs, stream.value()));
   *handle = std::move(h);
   *call = std::move(posted);
   return Status();
@@ -433,7 +408,7 @@ Status low_latency_combine(const std::shared_ptr<Buffer>& buffer,
     return Status();
   };
   auto posted = std::make_unique<LowLatencyCall>(buffer, slot, stream.value(), std::move(finish));
-  CHORUS_RETURN_IF_ERROR(post(b.comm(), b.rank(), stream.value(), sends, recvs));
+  CHORUS_RETURN_IF_ERROR(post_remote(b.comm(), b.rank(), sends, recvs, stream.value()));
   *call = std::move(posted);
   return Status();
 }
