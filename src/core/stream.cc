@@ -12,16 +12,33 @@
 namespace chorus {
 
 namespace {
-std::mutex g_streams_mutex;
-std::set<const void*>& live_streams() {
-  static auto* set = new std::set<const void*>();
-  return *set;
-}
-std::mutex g_events_mutex;
-std::set<const void*>& live_events() {
-  static auto* set = new std::set<const void*>();
-  return *set;
-}
+// The live objects of one kind handed to users as handles: a handle is valid while in here.
+// Leaked on purpose (handles may be checked during static destruction).
+template <typename T>
+class LiveSet {
+ public:
+  static LiveSet& get() {
+    static auto* set = new LiveSet();
+    return *set;
+  }
+  T* find(const void* handle) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return live_.count(handle) ? const_cast<T*>(static_cast<const T*>(handle)) : nullptr;
+  }
+  T* add(T* object) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    live_.insert(object);
+    return object;
+  }
+  void remove(T* object) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    live_.erase(object);
+  }
+
+ private:
+  std::mutex mutex_;
+  std::set<const void*> live_;
+};
 
 // The comms whose progress `ops` wait for (a comm op is driven by whoever waits for it).
 std::vector<Comm*> comms_of(const std::vector<std::shared_ptr<Op>>& ops) {
@@ -60,24 +77,12 @@ Status Stream::first_error() const {
   return first_error_;
 }
 
-Stream* Stream::from_handle(const void* handle) {
-  std::lock_guard<std::mutex> lock(g_streams_mutex);
-  return live_streams().count(handle) ? const_cast<Stream*>(static_cast<const Stream*>(handle))
-                                      : nullptr;
-}
+Stream* Stream::from_handle(const void* handle) { return LiveSet<Stream>::get().find(handle); }
 
-Stream* Stream::create() {
-  auto* s = new Stream();
-  std::lock_guard<std::mutex> lock(g_streams_mutex);
-  live_streams().insert(s);
-  return s;
-}
+Stream* Stream::create() { return LiveSet<Stream>::get().add(new Stream()); }
 
 void Stream::destroy(Stream* stream) {
-  {
-    std::lock_guard<std::mutex> lock(g_streams_mutex);
-    live_streams().erase(stream);
-  }
+  LiveSet<Stream>::get().remove(stream);
   delete stream;
 }
 
@@ -97,24 +102,12 @@ std::shared_ptr<Op> Event::op() const {
   return op_;
 }
 
-Event* Event::from_handle(const void* handle) {
-  std::lock_guard<std::mutex> lock(g_events_mutex);
-  return live_events().count(handle) ? const_cast<Event*>(static_cast<const Event*>(handle))
-                                     : nullptr;
-}
+Event* Event::from_handle(const void* handle) { return LiveSet<Event>::get().find(handle); }
 
-Event* Event::create() {
-  auto* e = new Event();
-  std::lock_guard<std::mutex> lock(g_events_mutex);
-  live_events().insert(e);
-  return e;
-}
+Event* Event::create() { return LiveSet<Event>::get().add(new Event()); }
 
 void Event::destroy(Event* event) {
-  {
-    std::lock_guard<std::mutex> lock(g_events_mutex);
-    live_events().erase(event);
-  }
+  LiveSet<Event>::get().remove(event);
   delete event;  // its op lives on in the streams that wait for it
 }
 
