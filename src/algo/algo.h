@@ -92,7 +92,9 @@ Task alltoall_hier(OpContext& ctx, Args a);          // within hosts, then one r
 // Gather, Scatter, send/receive
 Task gather_direct(OpContext& ctx, Args a);
 Task scatter_direct(OpContext& ctx, Args a);
-Task send_recv_batch(OpContext& ctx, const std::vector<CollCall>& calls);
+// `watch` (may be empty): Op::recv_watch.
+Task send_recv_batch(OpContext& ctx, const std::vector<CollCall>& calls,
+                     const std::function<void(size_t)>& watch);
 // Every collective in one round through the shared-memory boxes (box.cc): the tuner's choice
 // for small messages among ranks of one host.
 Task box_all_reduce(OpContext& ctx, Args a);

@@ -262,7 +262,7 @@ Task run_op(Comm& comm, Op& op) {
   }
   if (op.p2p_batch()) {
     OpContext ctx(comm, op.calls().front().tag, &op);
-    co_return co_await send_recv_batch(ctx, op.calls());
+    co_return co_await send_recv_batch(ctx, op.calls(), op.recv_watch);
   }
   const CollCall& call = op.calls().front();
   OpContext ctx(comm, call.tag, &op);

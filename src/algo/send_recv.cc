@@ -11,7 +11,8 @@
 
 namespace chorus::algo {
 
-Task send_recv_batch(OpContext& ctx, const std::vector<CollCall>& calls) {
+Task send_recv_batch(OpContext& ctx, const std::vector<CollCall>& calls,
+                     const std::function<void(size_t)>& watch) {
   const int r = ctx.rank();
   RequestArray<SendRequest> sends(calls.size());
   RequestArray<RecvRequest> recvs(calls.size());
@@ -41,8 +42,17 @@ Task send_recv_batch(OpContext& ctx, const std::vector<CollCall>& calls) {
     if (s.count > 0 && d.recvbuf != s.sendbuf)
       std::memmove(d.recvbuf, s.sendbuf, s.count * datatype_size(s.dtype));
   }
+  // Watched (Op::recv_watch): the receives first, in posting order, each reported.
+  if (watch) {
+    size_t arrived = 0;
+    for (size_t i = 0; i < calls.size(); ++i) {
+      if (calls[i].root == r || calls[i].kind != CollKind::kRecv) continue;
+      CHORUS_CO_RETURN_IF_ERROR(co_await ctx.wait(recvs[i]));
+      watch(++arrived);
+    }
+  }
   for (size_t i = 0; i < calls.size(); ++i) {
-    if (calls[i].root == r) continue;
+    if (calls[i].root == r || (watch && calls[i].kind == CollKind::kRecv)) continue;
     const Request& req = calls[i].kind == CollKind::kSend
                              ? static_cast<const Request&>(sends[i])
                              : static_cast<const Request&>(recvs[i]);

@@ -113,6 +113,11 @@ IntParam kEpMap("EP_MAP", nullptr, 1, 0, 1,
                 "MoE dispatch and combine (chorus/ep.h): 1 = a sender writes its tokens straight "
                 "into the EP buffers of same-host receivers (one copy; unless CHORUS_TRANSPORT "
                 "forces a transport without shared memory); 0 = through the communicator");
+IntParam kEpPieceBytes("EP_PIECE_BYTES", nullptr, 1 << 20, 1, INT64_MAX,
+                       "MoE combine (chorus/ep.h): the rows between two ranks on different hosts "
+                       "travel in pieces of about this many bytes (at most 16), and the receiver "
+                       "sums the tokens of the pieces that arrived while the others travel; the "
+                       "same on every rank");
 IntParam kTimeoutMs("TIMEOUT_MS", nullptr, 300000, 1, INT64_MAX,
                     "a collective that makes no progress for this long fails naming the peer");
 IntParam kSpinUs("SPIN_US", nullptr, 50, 0, 1000000,
@@ -189,7 +194,7 @@ const std::vector<Param*>& all() {
       &kFlightRecorderOps, &kCommBlocking,
       &kAlgo,         &kChunkBytes,    &kBoxBytes,    &kExpress,     &kTuner,        &kTunerFile,   &kTopoFile,    &kKernels,
       &kRegCacheBytes, &kRing, &kRoute, &kCompress, &kCompressPolicy, &kCompressMinBytes, &kCompressBlock,
-      &kCompressScale, &kEpMap,
+      &kCompressScale, &kEpMap, &kEpPieceBytes,
   };
   return list;
 }

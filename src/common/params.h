@@ -140,6 +140,7 @@ extern IntParam kIbRdvBytes;
 extern IntParam kIbQpsPerConnection;
 // Progress and waiting.
 extern IntParam kEpMap;
+extern IntParam kEpPieceBytes;
 extern IntParam kTimeoutMs;
 extern IntParam kSpinUs;
 extern IntParam kLivenessMs;

@@ -27,6 +27,8 @@ struct ThreadGroup {
   std::vector<PendingCall> calls;
   std::vector<InitJob> inits;
   Status first_error;  // a call of the group failed: the group is not launched
+  // group_watch_receives: per comm, the watch of its batch of sends and receives.
+  std::vector<std::pair<Comm*, std::function<void(size_t)>>> recv_watches;
 };
 
 thread_local ThreadGroup t_group;
@@ -77,7 +79,8 @@ struct Launch {
 };
 
 // Builds the operations of a group, in the order their comms first appear.
-std::vector<Launch> build_ops(std::vector<PendingCall>& calls) {
+std::vector<Launch> build_ops(std::vector<PendingCall>& calls,
+                              std::vector<std::pair<Comm*, std::function<void(size_t)>>>& watches) {
   std::vector<std::shared_ptr<Comm>> comms;
   for (const auto& c : calls)
     if (std::find(comms.begin(), comms.end(), c.comm) == comms.end()) comms.push_back(c.comm);
@@ -102,6 +105,8 @@ std::vector<Launch> build_ops(std::vector<PendingCall>& calls) {
     }
     if (!p2p.empty()) {
       auto op = std::make_shared<Op>(comm.get(), std::move(p2p), true);
+      for (auto& [watched, watch] : watches)
+        if (watched == comm.get()) op->recv_watch = std::move(watch);
       for (Stream* s : p2p_streams) s->append(op);
       bool sync = (p2p_null_stream || p2p_streams.empty()) && comm->config().blocking;
       out.push_back(Launch{op, comm, sync});
@@ -110,8 +115,9 @@ std::vector<Launch> build_ops(std::vector<PendingCall>& calls) {
   return out;
 }
 
-Status launch(std::vector<PendingCall> calls) {
-  std::vector<Launch> launches = build_ops(calls);
+Status launch(std::vector<PendingCall> calls,
+              std::vector<std::pair<Comm*, std::function<void(size_t)>>> watches = {}) {
+  std::vector<Launch> launches = build_ops(calls, watches);
   Status first;
   std::vector<Comm*> sync_comms;
   std::vector<std::shared_ptr<Op>> sync_ops, async_ops;
@@ -169,7 +175,13 @@ Status group_end() {
   }
   if (!group.inits.empty()) CHORUS_RETURN_IF_ERROR(run_inits(std::move(group.inits)));
   if (group.calls.empty()) return Status();
-  return launch(std::move(group.calls));
+  return launch(std::move(group.calls), std::move(group.recv_watches));
+}
+
+Status group_watch_receives(Comm* comm, std::function<void(size_t arrived)> watch) {
+  if (t_group.depth == 0) return internal_error("group_watch_receives outside a group");
+  t_group.recv_watches.emplace_back(comm, std::move(watch));
+  return Status();
 }
 
 Status group_simulate_end(float* estimated_us) {

@@ -34,6 +34,13 @@ void group_fail(const Status& status);
 // a split), which run one after another in call order.
 Status submit_init(std::function<Status()> job, const void* order_key = nullptr);
 
+// Inside a group: the batch of sends and receives that the group launches on `comm` calls
+// `watch` as its receives arrive (Op::recv_watch), so that a module can use what arrived while
+// the rest travels (the EP module's combine sums the tokens whose rows are in). The batch
+// waits for its receives first, in posting order, then its sends. When the batch has no
+// receive (or the group launches nothing on `comm`), `watch` is never called.
+Status group_watch_receives(Comm* comm, std::function<void(size_t arrived)> watch);
+
 // Queues ops built outside a group (internal operations) and waits for them.
 Status run_and_wait(const std::vector<std::shared_ptr<Op>>& ops, const std::vector<Comm*>& comms);
 

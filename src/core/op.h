@@ -131,6 +131,11 @@ class Op {
     bool looked_up = false;
   };
   std::vector<PinKey> pin_keys;
+  // A batch of sends and receives (p2p_batch) may report its receives' arrival: called by the
+  // thread driving the comm each time one has completed, with how many have (1, 2, ...: they
+  // are waited for in the order posted, before the sends). Set before the op is queued
+  // (group_watch_receives, core/group.h).
+  std::function<void(size_t arrived)> recv_watch;
   int64_t last_progress_ns = 0;  // now_coarse_ns()
   bool started = false;
   bool direct = false;  // run by Comm::start_direct: in no queue

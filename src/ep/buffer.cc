@@ -11,6 +11,7 @@
 #include <cstring>
 #include <string>
 
+#include "common/params.h"
 #include "ep/routing.h"
 #include "ep/transfer.h"
 #include "kernels/reduce/reduce.h"
@@ -26,6 +27,15 @@ size_t align8(size_t v) { return (v + 7) / 8 * 8; }
 // Where combine's weights start in a staging area after `rows` rows of `row` bytes (8-byte
 // aligned: BF16 rows may be odd-sized).
 size_t combine_weights_at(size_t rows, size_t row) { return align8(rows * row); }
+
+// Combine's rows between a pair of ranks on different hosts travel in pieces of about
+// CHORUS_EP_PIECE_BYTES, at most kCombinePieces: the receiver sums the tokens of the first
+// pieces while the later ones travel. Both ends compute it from the same count.
+constexpr size_t kCombinePieces = 16;
+size_t combine_pieces(size_t rows, size_t row) {
+  const auto piece = static_cast<size_t>(params::kEpPieceBytes.get());
+  return std::clamp<size_t>(rows * row / piece, 1, std::min(kCombinePieces, std::max<size_t>(rows, 1)));
+}
 
 // One dispatched token on the wire: x, its FP8 scales, topk int64 indices, topk float weights.
 size_t record_bytes(size_t hidden, size_t elem, int topk) {
@@ -169,9 +179,15 @@ void Buffer::drain() {
   last_queued_.reset();
 }
 
+Status Buffer::make_own_stream() {
+  if (own_stream_ != nullptr) return Status();
+  const ncclResult_t r = chorusStreamCreate(&own_stream_);
+  return r == ncclSuccess ? Status() : from_nccl(r, "chorusStreamCreate");
+}
+
 Status Buffer::run(const char* call, Stream* stream, const std::shared_ptr<Move>& move,
                    std::function<Status(Part)> stage, std::function<void()> early,
-                   std::function<Status()> finish) {
+                   Finish finish) {
   CHORUS_RETURN_IF_ERROR(stage(Part::kNone));  // the messages
   const bool remote = std::any_of(move->sends.begin(), move->sends.end(),
                                   [&](const SendMsg& m) { return m.peer != rank_ && m.bytes > 0; }) ||
@@ -180,36 +196,47 @@ Status Buffer::run(const char* call, Stream* stream, const std::shared_ptr<Move>
   if (stream == nullptr && !remote) {
     CHORUS_RETURN_IF_ERROR(stage(Part::kAll));
     CHORUS_RETURN_IF_ERROR(copy_to_self(rank_, move->sends, move->recvs));
-    return finish();
+    return finish(Arrivals());
   }
+  CHORUS_RETURN_IF_ERROR(make_own_stream());
+  // finish() and then the messages' end, waited for whatever happened: they read and write
+  // the staging area (and the caller's x).
+  const auto finish_then_wait = [finish](const Arrivals& arrivals) {
+    Status done = finish(arrivals);
+    Status moved = arrivals.wait_done();
+    return done.ok() ? moved : done;
+  };
   if (stream == nullptr) {
-    // Blocking, with messages to other ranks: they go first, on the buffer's own stream, so
-    // the network carries them while this thread writes into the same-host buffers.
-    if (own_stream_ == nullptr) {
-      const ncclResult_t r = chorusStreamCreate(&own_stream_);
-      if (r != ncclSuccess) return from_nccl(r, "chorusStreamCreate");
-    }
+    // Blocking: the messages to other ranks go first, so the network carries them while this
+    // thread writes into the same-host buffers and then uses what arrived as it arrives.
     CHORUS_RETURN_IF_ERROR(stage(Part::kRemote));
-    CHORUS_RETURN_IF_ERROR(post_remote(comm_, rank_, move->sends, move->recvs, own_stream_));
+    CHORUS_ASSIGN_OR_RETURN(std::shared_ptr<const Arrivals> arrivals,
+                            post_watched(comm_, rank_, move->sends, move->recvs, own_stream_));
     Status local = stage(Part::kLocal);
     if (local.ok()) local = copy_to_self(rank_, move->sends, move->recvs);
     if (local.ok() && early) early();
-    // The posted messages read and write the staging area: waited for whatever happened.
-    const ncclResult_t r = chorusStreamSynchronize(own_stream_);
-    CHORUS_RETURN_IF_ERROR(local);
-    if (r != ncclSuccess) return from_nccl(r, call);
-    return finish();
+    if (!local.ok()) {
+      (void)arrivals->wait_done();
+      return local;
+    }
+    return finish_then_wait(*arrivals);
   }
-  // Queued: the messages are posted now, so that the communicator carries them in the order of
-  // the calls; on the stream they wait for the records they carry to be written.
+  // Queued: the records are written on the worker in stream order; the messages, posted now so
+  // that the communicator carries them in the order of the calls, wait on the buffer's stream
+  // for that; the worker's next job, finish(), runs while they travel, and the caller's stream
+  // goes on once the messages are done too.
   if (!worker_) worker_ = std::make_unique<Worker>();
-  worker_->queue(*stream, fmt::format("{}: write the tokens", call), [this, move, stage] {
-    CHORUS_RETURN_IF_ERROR(stage(Part::kAll));
-    return copy_to_self(rank_, move->sends, move->recvs);
-  });
-  CHORUS_RETURN_IF_ERROR(post_remote(comm_, rank_, move->sends, move->recvs,
-                                     reinterpret_cast<cudaStream_t>(stream)));
-  last_queued_ = worker_->queue(*stream, fmt::format("{}: receive", call), std::move(finish));
+  const std::shared_ptr<Op> written =
+      worker_->queue(*stream, fmt::format("{}: write the tokens", call), [this, move, stage] {
+        CHORUS_RETURN_IF_ERROR(stage(Part::kAll));
+        return copy_to_self(rank_, move->sends, move->recvs);
+      });
+  last_queued_ = written;
+  stream_wait_op(*Stream::from_handle(own_stream_), written);
+  CHORUS_ASSIGN_OR_RETURN(std::shared_ptr<const Arrivals> arrivals,
+                          post_watched(comm_, rank_, move->sends, move->recvs, own_stream_));
+  last_queued_ = worker_->queue(*stream, fmt::format("{}: receive", call),
+                                [arrivals, finish_then_wait] { return finish_then_wait(*arrivals); });
   return Status();
 }
 
@@ -342,7 +369,7 @@ Result<std::shared_ptr<Handle>> Buffer::dispatch(const chorusEpDispatchArgs_t& a
         m->own_records = {at, at + m->to_rank(me, me)};
         unpack(*m, m->own_records.first, m->own_records.second);
       },
-      [this, m] { return finish_dispatch(*m); }));
+      [this, m](const Arrivals& a) { return finish_dispatch(*m, a); }));
   return h;
 }
 
@@ -434,7 +461,8 @@ Status Buffer::stage_dispatch(DispatchMove& m, Part part) {
   return Status();
 }
 
-Status Buffer::finish_dispatch(DispatchMove& m) {
+Status Buffer::finish_dispatch(DispatchMove& m, const Arrivals& arrivals) {
+  CHORUS_RETURN_IF_ERROR(arrivals.wait(arrivals.total()));
   const chorusEpDispatchArgs_t& args = m.args;
   const size_t record = m.record;
   const auto n = static_cast<size_t>(nranks_);
@@ -537,7 +565,7 @@ Status Buffer::combine(std::shared_ptr<const Handle> handle, const void* x, int 
   m->step = areas_->begin_step();
   return run(
       "chorusEpCombine", stream, m, [this, m](Part part) { return stage_combine(*m, part); },
-      nullptr, [this, m] { return finish_combine(*m); });
+      nullptr, [this, m](const Arrivals& a) { return finish_combine(*m, a); });
 }
 
 Status Buffer::stage_combine(CombineMove& m, Part part) {
@@ -553,10 +581,12 @@ Status Buffer::stage_combine(CombineMove& m, Part part) {
   char* weights = rows + combine_weights_at(h.send_tokens.size(), row);
   std::vector<SendMsg> sends;  // kept in `m` by the listing pass only (see stage_dispatch)
   std::vector<RecvMsg> recvs;
+  // Between a pair: the weights, then the rows in pieces (combine_pieces), so that the
+  // receiver sums the tokens whose rows are in while the rest travel. Receives are listed
+  // weights first, then piece by piece across the peers: the order they are waited for in.
   for (size_t q = 0; q < n; ++q) {
     const int peer = static_cast<int>(q);
     const size_t r0 = h.recv_offset[q], rn = h.recv_offset[q + 1] - r0;
-    const size_t s0 = h.send_offset[q], sn = h.send_offset[q + 1] - s0;
     const char* my_rows = static_cast<const char*>(m.x) + r0 * row;
     const float* my_weights = m.with_weights ? m.topk_weights + r0 * k : nullptr;
     if (areas_->writes_into(peer)) {
@@ -570,13 +600,32 @@ Status Buffer::stage_combine(CombineMove& m, Part part) {
       if (write && rn > 0 && m.with_weights)
         std::memcpy(areas_->area(peer) + weights_there + at * weight_row, my_weights,
                     rn * weight_row);
-    } else {
-      sends.push_back({peer, my_rows, rn * row});
-      if (m.with_weights) sends.push_back({peer, my_weights, rn * weight_row});
+      continue;
     }
-    if (areas_->written_by(peer)) continue;
-    recvs.push_back({peer, rows + s0 * row, sn * row});
-    if (m.with_weights) recvs.push_back({peer, weights + s0 * weight_row, sn * weight_row});
+    if (m.with_weights) sends.push_back({peer, my_weights, rn * weight_row});
+    const size_t pieces = combine_pieces(rn, row);
+    for (size_t p = 0; p < pieces; ++p) {
+      const size_t first = rn * p / pieces, last = rn * (p + 1) / pieces;
+      sends.push_back({peer, my_rows + first * row, (last - first) * row});
+    }
+  }
+  size_t most_pieces = 0;
+  for (size_t q = 0; q < n; ++q) {
+    if (areas_->written_by(static_cast<int>(q))) continue;
+    const size_t s0 = h.send_offset[q], sn = h.send_offset[q + 1] - s0;
+    if (m.with_weights)
+      recvs.push_back({static_cast<int>(q), weights + s0 * weight_row, sn * weight_row});
+    most_pieces = std::max(most_pieces, combine_pieces(sn, row));
+  }
+  for (size_t p = 0; p < most_pieces; ++p) {
+    for (size_t q = 0; q < n; ++q) {
+      if (areas_->written_by(static_cast<int>(q))) continue;
+      const size_t s0 = h.send_offset[q], sn = h.send_offset[q + 1] - s0;
+      const size_t pieces = combine_pieces(sn, row);
+      if (p >= pieces) continue;
+      const size_t first = sn * p / pieces, last = sn * (p + 1) / pieces;
+      recvs.push_back({static_cast<int>(q), rows + (s0 + first) * row, (last - first) * row});
+    }
   }
   if (write)
     for (int q = 0; q < nranks_; ++q)
@@ -588,7 +637,7 @@ Status Buffer::stage_combine(CombineMove& m, Part part) {
   return Status();
 }
 
-Status Buffer::finish_combine(const CombineMove& m) {
+Status Buffer::finish_combine(const CombineMove& m, const Arrivals& arrivals) {
   CHORUS_RETURN_IF_ERROR(areas_->wait_written(m.step, "chorusEpCombine"));
   const Handle& h = *m.handle;
   const auto k = static_cast<size_t>(h.topk);
@@ -598,6 +647,23 @@ Status Buffer::finish_combine(const CombineMove& m) {
   const size_t rows_back = h.send_tokens.size();
   const char* rows = areas_->local();
   const char* weights = rows + combine_weights_at(rows_back, row);
+  // Row i (and its weights) is in once `need[i]` messages have arrived (0: written by this
+  // host's ranks, here since wait_written).
+  std::vector<size_t> need(rows_back, 0);
+  {
+    size_t arrival = 0;
+    for (const RecvMsg& r : m.recvs) {
+      if (r.peer == rank_ || r.bytes == 0) continue;  // what Arrivals counts
+      ++arrival;
+      const char* d = static_cast<const char*>(r.data);
+      const bool is_rows = d < weights;
+      const size_t first = is_rows ? static_cast<size_t>(d - rows) / row
+                                   : static_cast<size_t>(d - weights) / weight_row;
+      const size_t count = r.bytes / (is_rows ? row : weight_row);
+      for (size_t i = first; i < first + count; ++i) need[i] = std::max(need[i], arrival);
+    }
+  }
+  size_t arrived = 0;
   // Per token, its rows in ascending rank order (rows come back grouped by the rank they went
   // to), summed in one float row that stays in cache, then rounded once into the output. The
   // library's kernels add (fp32 sums, bit for bit the scalar a + b) and convert BF16 rows.
@@ -614,6 +680,13 @@ Status Buffer::finish_combine(const CombineMove& m) {
   const kernels::ConvertFn narrow = kernels::kernels().from_float[kBf16];
   std::vector<float> sum(bf16 ? h.hidden : 0), widened(bf16 ? h.hidden : 0);
   for (size_t t = 0; t < h.num_tokens; ++t) {
+    size_t wanted = 0;
+    for (size_t j = first_row[t]; j < first_row[t + 1]; ++j)
+      wanted = std::max(wanted, need[token_rows[j]]);
+    if (wanted > arrived) {
+      CHORUS_RETURN_IF_ERROR(arrivals.wait(wanted));
+      arrived = arrivals.arrived();
+    }
     float* dst = bf16 ? sum.data() : static_cast<float*>(m.combined_x) + t * h.hidden;
     std::fill(dst, dst + h.hidden, 0.0f);
     float* wdst = m.with_weights ? m.combined_weights + t * k : nullptr;

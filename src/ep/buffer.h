@@ -116,21 +116,25 @@ class Buffer {
 
   Buffer(ncclComm_t comm, int rank, int nranks, std::unique_ptr<PeerAreas> areas);
   // The data movement of a call: stage(part) lists the messages in `move` and writes `part`,
-  // the messages move, finish() waits for arrival and writes the outputs. Now (stream null:
-  // the messages to other ranks are posted first, then the same-host records written) or
-  // queued on the stream.
+  // the messages move, finish() waits for what it needs to have arrived (each message of
+  // `arrivals` as it comes in) and writes the outputs. Now (stream null: the messages to other
+  // ranks are posted first, then the same-host records written) or queued on the stream. The
+  // messages to other ranks go on the buffer's own stream either way, so that finish() runs
+  // while they travel.
   // early (may be null): blocking, with messages on the way, what can be done before they
   // arrive.
+  using Finish = std::function<Status(const Arrivals& arrivals)>;
   Status run(const char* call, Stream* stream, const std::shared_ptr<Move>& move,
-             std::function<Status(Part)> stage, std::function<void()> early,
-             std::function<Status()> finish);
+             std::function<Status(Part)> stage, std::function<void()> early, Finish finish);
+  // The buffer's own host stream, made on first use.
+  Status make_own_stream();
   // Dispatch: every token to its ranks (or its host's forwarder); then the forwarding, the
   // arrival and the unpacking into the caller's outputs.
   Status stage_dispatch(DispatchMove& m, Part part);
-  Status finish_dispatch(DispatchMove& m);
+  Status finish_dispatch(DispatchMove& m, const Arrivals& arrivals);
   // Combine: each received token's row back to its source rank; then the sums per token.
   Status stage_combine(CombineMove& m, Part part);
-  Status finish_combine(const CombineMove& m);
+  Status finish_combine(const CombineMove& m, const Arrivals& arrivals);
   // Records [begin, end) of the receive area into the caller's outputs.
   void unpack(const DispatchMove& m, size_t begin, size_t end) const;
 
@@ -141,7 +145,7 @@ class Buffer {
   std::unique_ptr<PeerAreas> areas_;  // the staging area, shared with same-host peers
   bool slot_taken_[kSlots] = {false, false};
   std::shared_ptr<Op> last_queued_;  // the last op an asynchronous call queued
-  // Blocking calls' messages to other ranks, posted before the same-host writes (run()).
+  // The messages to other ranks (run()).
   chorusStream_t own_stream_ = nullptr;
   std::unique_ptr<Worker> worker_;   // started by the first asynchronous call; joined first
 };

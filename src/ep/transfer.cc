@@ -17,7 +17,9 @@
 #include <atomic>
 #include <cerrno>
 #include <chorus/chorus.h>
+#include <chrono>
 #include <cstring>
+#include <functional>
 #include <thread>
 
 #include "api/api_util.h"
@@ -26,6 +28,8 @@
 #include "common/params.h"
 #include "common/process.h"
 #include "core/comm.h"
+#include "core/group.h"
+#include "core/stream.h"
 
 namespace chorus::ep {
 
@@ -77,8 +81,12 @@ Status copy_to_self(int rank, const std::vector<SendMsg>& sends, const std::vect
   return Status();
 }
 
-Status post_remote(ncclComm_t comm, int rank, const std::vector<SendMsg>& sends,
-                   const std::vector<RecvMsg>& recvs, cudaStream_t stream) {
+namespace {
+
+// post_remote, and with `watch`: the batch reports its receives' arrival to it.
+Status post(ncclComm_t comm, int rank, const std::vector<SendMsg>& sends,
+            const std::vector<RecvMsg>& recvs, cudaStream_t stream,
+            std::function<void(size_t)> watch) {
   const auto remote = [&](int peer, size_t bytes) { return peer != rank && bytes > 0; };
   if (std::none_of(sends.begin(), sends.end(), [&](const SendMsg& s) { return remote(s.peer, s.bytes); }) &&
       std::none_of(recvs.begin(), recvs.end(), [&](const RecvMsg& m) { return remote(m.peer, m.bytes); }))
@@ -87,6 +95,15 @@ Status post_remote(ncclComm_t comm, int rank, const std::vector<SendMsg>& sends,
   ncclResult_t r = ncclGroupStart();
   if (r != ncclSuccess) return from_nccl(r, "ncclGroupStart");
   ncclResult_t posted = ncclSuccess;
+  if (watch) {
+    auto found = api::find_comm(comm);
+    Status s = found.ok() ? group_watch_receives(found.value().get(), std::move(watch))
+                          : found.take_status();
+    if (!s.ok()) {
+      (void)ncclGroupEnd();
+      return s;
+    }
+  }
   for (const auto& s : sends) {
     if (!remote(s.peer, s.bytes)) continue;
     posted = ncclSend(s.data, s.bytes, ncclUint8, s.peer, comm, stream);
@@ -104,6 +121,65 @@ Status post_remote(ncclComm_t comm, int rank, const std::vector<SendMsg>& sends,
   if (r != ncclSuccess) return from_nccl(r, "grouped ncclSend/ncclRecv of EP tokens");
   return Status();
 }
+
+}  // namespace
+
+Status post_remote(ncclComm_t comm, int rank, const std::vector<SendMsg>& sends,
+                   const std::vector<RecvMsg>& recvs, cudaStream_t stream) {
+  return post(comm, rank, sends, recvs, stream, nullptr);
+}
+
+Result<std::shared_ptr<const Arrivals>> post_watched(ncclComm_t comm, int rank,
+                                                     const std::vector<SendMsg>& sends,
+                                                     const std::vector<RecvMsg>& recvs,
+                                                     cudaStream_t stream) {
+  Stream* s = Stream::from_handle(stream);
+  if (s == nullptr) return internal_error("post_watched needs a live host stream");
+  auto a = std::make_shared<Arrivals>();
+  a->total_ = static_cast<size_t>(std::count_if(recvs.begin(), recvs.end(), [&](const RecvMsg& m) {
+    return m.peer != rank && m.bytes > 0;
+  }));
+  const std::shared_ptr<Op> before = s->last();
+  CHORUS_RETURN_IF_ERROR(post(comm, rank, sends, recvs, stream, [count = a->count_](size_t n) {
+    {
+      std::lock_guard<std::mutex> lock(count->mutex);
+      count->arrived = n;
+    }
+    count->cv.notify_all();
+  }));
+  // The batch, if one was posted: the stream's new last op (only this thread queues on it).
+  if (s->last() != before) a->op_ = s->last();
+  if (a->op_ == nullptr && a->total_ > 0)
+    return internal_error("EP: {} receives to watch but no batch was posted", a->total_);
+  return std::shared_ptr<const Arrivals>(std::move(a));
+}
+
+size_t Arrivals::arrived() const {
+  std::lock_guard<std::mutex> lock(count_->mutex);
+  return count_->arrived;
+}
+
+Status Arrivals::wait(size_t count) const {
+  if (count > total_)
+    return internal_error("EP: waiting for {} receives of a batch of {}", count, total_);
+  if (count == 0) return Status();
+  std::unique_lock<std::mutex> lock(count_->mutex);
+  while (count_->arrived < count) {
+    if (op_->done()) {
+      // A batch that completed had every receive reported before it completed.
+      if (count_->arrived >= count) break;
+      return op_->status().ok()
+                 ? internal_error("EP batch done with {} of {} receives reported", count_->arrived,
+                                  count)
+                 : op_->status();
+    }
+    // A failure is not signalled: looked at every millisecond.
+    count_->cv.wait_for(lock, std::chrono::milliseconds(1));
+  }
+  return Status();
+}
+
+Status Arrivals::wait_done() const { return op_ == nullptr ? Status() : wait_op(op_); }
 
 Status exchange(ncclComm_t comm, int rank, const std::vector<SendMsg>& sends,
                 const std::vector<RecvMsg>& recvs) {

@@ -21,15 +21,18 @@
 
 #include <nccl.h>
 
+#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
 #include "common/status.h"
 #include "common/unique_fd.h"
 #include "core/liveness.h"
+#include "core/op.h"
 
 namespace chorus {
 class Comm;
@@ -62,6 +65,40 @@ Status exchange(ncclComm_t comm, int rank, const std::vector<SendMsg>& sends,
 Status copy_to_self(int rank, const std::vector<SendMsg>& sends, const std::vector<RecvMsg>& recvs);
 Status post_remote(ncclComm_t comm, int rank, const std::vector<SendMsg>& sends,
                    const std::vector<RecvMsg>& recvs, cudaStream_t stream);
+
+// The remote receives of a batch posted by post_watched, as they arrive. They count in the
+// order of `recvs`, only those from another rank of at least one byte (what post_remote
+// posts): the i-th of them is in once arrived() > i.
+class Arrivals {
+ public:
+  size_t total() const { return total_; }
+  size_t arrived() const;
+  // Waits until `count` (<= total()) have arrived, or returns the batch's failure. Bounded:
+  // the communicator fails a batch whose peer stops (its timeout, a dead peer).
+  Status wait(size_t count) const;
+  // Waits for the whole batch, its sends included; its status.
+  Status wait_done() const;
+
+ private:
+  friend Result<std::shared_ptr<const Arrivals>> post_watched(
+      ncclComm_t comm, int rank, const std::vector<SendMsg>& sends,
+      const std::vector<RecvMsg>& recvs, cudaStream_t stream);
+  struct Count {
+    mutable std::mutex mutex;
+    mutable std::condition_variable cv;
+    size_t arrived = 0;
+  };
+  size_t total_ = 0;
+  std::shared_ptr<Count> count_ = std::make_shared<Count>();
+  std::shared_ptr<Op> op_;  // the batch (null: nothing to receive or send remotely)
+};
+
+// post_remote on a host stream (not NULL) whose receives report their arrival: the caller can
+// use what came in while the rest travels.
+Result<std::shared_ptr<const Arrivals>> post_watched(ncclComm_t comm, int rank,
+                                                     const std::vector<SendMsg>& sends,
+                                                     const std::vector<RecvMsg>& recvs,
+                                                     cudaStream_t stream);
 
 // This rank's staging area, and the staging areas of the same-host ranks it writes into.
 class PeerAreas {
