@@ -569,7 +569,8 @@ Status Buffer::combine(std::shared_ptr<const Handle> handle, const void* x, int 
 }
 
 Status Buffer::stage_combine(CombineMove& m, Part part) {
-  const bool write = part == Part::kLocal || part == Part::kAll;  // rows sent go from x
+  const bool write = part == Part::kLocal || part == Part::kAll;
+  const bool write_remote = part == Part::kRemote || part == Part::kAll;
   const Handle& h = *m.handle;
   const auto n = static_cast<size_t>(nranks_);
   const auto k = static_cast<size_t>(h.topk);
@@ -579,6 +580,17 @@ Status Buffer::stage_combine(CombineMove& m, Part part) {
   // counts alone.
   char* rows = areas_->local();
   char* weights = rows + combine_weights_at(h.send_tokens.size(), row);
+  // Rows for other hosts go from x, or, where the staging area is registered (verbs) and has
+  // room, are copied behind that (DeepEP's send buffer): a message between two registered
+  // areas is RDMA-written straight into the receiver's (transfer.h).
+  char* staged = rows + align8(combine_weights_at(h.send_tokens.size(), row) +
+                               h.send_tokens.size() * weight_row);
+  const size_t recv_rows = h.recv_offset[n];
+  const bool stage_sends = areas_->registered() &&
+                           static_cast<size_t>(staged - rows) +
+                                   combine_weights_at(recv_rows, row) + recv_rows * weight_row <=
+                               bytes();
+  char* staged_weights = staged + combine_weights_at(recv_rows, row);
   std::vector<SendMsg> sends;  // kept in `m` by the listing pass only (see stage_dispatch)
   std::vector<RecvMsg> recvs;
   // Between a pair: the weights, then the rows in pieces (combine_pieces), so that the
@@ -601,6 +613,14 @@ Status Buffer::stage_combine(CombineMove& m, Part part) {
         std::memcpy(areas_->area(peer) + weights_there + at * weight_row, my_weights,
                     rn * weight_row);
       continue;
+    }
+    if (stage_sends && rn > 0) {
+      char* to = staged + r0 * row;
+      char* wto = staged_weights + r0 * weight_row;
+      if (write_remote) std::memcpy(to, my_rows, rn * row);
+      if (write_remote && m.with_weights) std::memcpy(wto, my_weights, rn * weight_row);
+      my_rows = to;
+      my_weights = reinterpret_cast<const float*>(wto);
     }
     if (m.with_weights) sends.push_back({peer, my_weights, rn * weight_row});
     const size_t pieces = combine_pieces(rn, row);
