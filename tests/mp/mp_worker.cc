@@ -371,11 +371,13 @@ int run_zero_copy(ncclComm_t comm, int rank, int nranks, size_t count) {
 }
 
 // After the EP checks over verbs: the payload bytes each way since `before`, printed; with
-// CHORUS_TEST_EP_ZERO_COPY=1, "" only if some went zero copy both ways. The DeepEP-shaped case
-// of check_ep_matrix dispatches messages of hundreds of KiB between staging areas, registered
-// by the EP buffer: each is RDMA-written into the receiver's area. The smaller ones (under
-// CHORUS_IB_RDV_BYTES), and normal combine's (sent from the caller's x, not registered), go
-// through the rings.
+// CHORUS_TEST_EP_ZERO_COPY=1, "" only if some went zero copy both ways and, of the bytes this
+// rank sent, more went zero copy than through the rings. The DeepEP-shaped case of
+// check_ep_matrix dispatches and combines messages of hundreds of KiB between staging areas,
+// registered by the EP buffer (combine copies its rows into the area first): each is
+// RDMA-written into the receiver's area. The smaller ones (under CHORUS_IB_RDV_BYTES) go
+// through the rings. (With combine's rows sent from the caller's x, through the rings, this
+// rank sent 2-5x more through the rings than zero copy; with them staged, 1.8-2x less.)
 std::string check_ep_zero_copy(int rank, const chorus::verbs::ByteCounts& before) {
   const chorus::verbs::ByteCounts after = chorus::verbs::process_byte_counts();
   const uint64_t zc_sent = after.zero_copy_sent - before.zero_copy_sent;
@@ -387,9 +389,11 @@ std::string check_ep_zero_copy(int rank, const chorus::verbs::ByteCounts& before
              "sent, {} received\n",
              rank, after.ring_sent - before.ring_sent, after.ring_received - before.ring_received,
              zc_sent, zc_received);
-  if (!required || (zc_sent > 0 && zc_received > 0)) return "";
-  return fmt::format("no EP tokens went zero copy over verbs ({} bytes sent, {} received)\n",
-                     zc_sent, zc_received);
+  const uint64_t ring_sent = after.ring_sent - before.ring_sent;
+  if (!required || (zc_sent > 0 && zc_received > 0 && zc_sent > ring_sent)) return "";
+  return fmt::format("EP tokens went zero copy over verbs only for {} bytes sent ({} through the "
+                     "rings) and {} received\n",
+                     zc_sent, ring_sent, zc_received);
 }
 #endif
 
