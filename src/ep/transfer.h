@@ -12,7 +12,8 @@
 // The staging area is registered with the communicator (as by ncclCommRegister) when a
 // transport to a peer uses registered memory: over verbs, a message between two staging areas
 // of at least CHORUS_IB_RDV_BYTES is then RDMA-written by the sender's HCA straight into the
-// receiver's area (zero copy), and smaller ones are read by the HCA where they are.
+// receiver's area (zero copy), and smaller ones are read by the HCA where they are. (Combine
+// copies its rows for other hosts into its own area first, so they leave from there.)
 //
 // Order: each step (a dispatch or a combine) begins with a collective on the communicator (the
 // count exchange, the agreement) that every rank enters only after it has finished reading its
