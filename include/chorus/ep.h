@@ -192,7 +192,8 @@ ncclResult_t chorusEpCombineAsync(chorusEpBuffer_t buffer, chorusEpHandle_t hand
                                   void* combinedX, float* combinedTopkWeights,
                                   cudaStream_t stream);
 
-/* Frees a handle (any time after its dispatch; a call that uses it keeps what it needs). */
+/* Frees a handle (any time after its dispatch; a call that uses it keeps what it needs). NULL
+ * is allowed and does nothing (ncclSuccess), as free(NULL) does. */
 ncclResult_t chorusEpHandleDestroy(chorusEpHandle_t handle);
 
 /* ---- Low-latency mode (DeepEP's low_latency_dispatch / low_latency_combine) ----

@@ -321,6 +321,7 @@ CHORUS_API ncclResult_t chorusEpCombine(chorusEpBuffer_t buffer, chorusEpHandle_
 
 CHORUS_API ncclResult_t chorusEpHandleDestroy(chorusEpHandle_t handle) {
   return guard("chorusEpHandleDestroy", [&]() -> Status {
+    if (handle == nullptr) return Status();  // as free(NULL) (ep.h)
     {
       std::lock_guard<std::mutex> lock(g_mutex);
       if (ll_handles().erase(handle) != 0) return Status();

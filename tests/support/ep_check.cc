@@ -653,6 +653,8 @@ std::string bad_combines(chorusEpBuffer_t b, ncclComm_t comm, int rank, int nran
       chorusEpCombine(other, run.handle, y.data(), ncclFloat32, nullptr, out.data(), nullptr), rank,
       -1, "comes from the dispatch of another buffer");
   chorusEpBufferDestroy(other);
+  if (chorusEpHandleDestroy(nullptr) != ncclSuccess)
+    f += "chorusEpHandleDestroy(NULL) failed: like free(NULL) it must do nothing\n";
   if (rank == 0) chorusEpHandleDestroy(run.handle);
   f += expect_refused(
       "destroyed handle on rank 0",
