@@ -70,27 +70,28 @@
  * Asynchronous calls (DeepEP's async_finish, on a host stream of include/chorus/stream.h):
  * chorusEpDispatchAsync and chorusEpCombineAsync take a stream. The call itself does what needs
  * every rank now: the routing (topkIdx and the layout are read during the call), the count
- * exchange and the agreement, so a refused call fails at once as above, and a dispatch returns
- * its handle, out->numRecvTokens and out->numRecvTokensPerExpert (DeepEP's CPU-side counts of
- * received tokens, which it exchanges in its notify_dispatch, as Chorus does). The data
- * movement is queued on the stream, behind the work queued there before: x, xScales and
- * topkWeights are read, and the other outputs written, when the stream gets there. Record an
- * event after the call (chorusEventRecord) to wait for it (chorusEventSynchronize), or make
- * another stream wait for it (chorusStreamWaitEvent), or synchronise the stream; until then the
- * call's arrays must stay valid and untouched. The calling thread is free meanwhile: the tokens
- * are written, forwarded, unpacked and reduced by a thread of the buffer (one per buffer), the
- * messages to other hosts by Chorus's progress thread. A buffer runs one call at a time: any
- * next call on it (of either mode, or its destruction) first waits for the work the previous
- * call queued, so a combine may follow its dispatch at once (it starts when the dispatch's
- * outputs are written). A failure of the queued work (a dead peer, a timeout) is the stream's
- * error, naming the peer. NULL streams make the calls blocking: chorusEpDispatch(...) is
+ * exchange, the outputs' allocation (out->allocate, if set) and the agreement, so a refused call
+ * fails at once as above, and a dispatch returns its handle, out->numRecvTokens and
+ * out->numRecvTokensPerExpert (DeepEP's CPU-side counts of received tokens, which it exchanges in
+ * its notify_dispatch, as Chorus does). The data movement is queued on the stream, behind the work
+ * queued there before: x, xScales and topkWeights are read, and the other outputs written, when the
+ * stream gets there. Record an event after the call (chorusEventRecord) to wait for it
+ * (chorusEventSynchronize), or make another stream wait for it (chorusStreamWaitEvent), or
+ * synchronise the stream; until then the call's arrays must stay valid and untouched. The calling
+ * thread is free meanwhile: the tokens are written, forwarded, unpacked and reduced by a thread of
+ * the buffer (one per buffer), the messages to other hosts by Chorus's progress thread. A buffer
+ * runs one call at a time: any next call on it (of either mode, or its destruction) first waits for
+ * the work the previous call queued, so a combine may follow its dispatch at once (it starts when
+ * the dispatch's outputs are written). A failure of the queued work (a dead peer, a timeout) is the
+ * stream's error, naming the peer. NULL streams make the calls blocking: chorusEpDispatch(...) is
  * chorusEpDispatchAsync(..., NULL).
  *
  * Errors: ncclInvalidArgument for an expert index outside [-1, numExperts) (naming the token and
  * slot), numExperts not a multiple of nranks, a hidden size not a multiple of 128 with FP8, a
  * datatype not supported, a layout that does not match topkIdx, more tokens than the buffer
  * allows (naming the size hint needed), outputs too small for what arrives (naming the count
- * needed), a handle of another buffer or a destroyed one. A dead peer fails the call with
+ * needed), a handle of another buffer or a destroyed one; a failed allocate callback
+ * (chorusEpDispatchOutput_t) refuses the call on every rank too. A dead peer fails the call with
  * ncclRemoteError/ncclSystemError naming it (the communicator is then broken, as for any
  * collective). Waits are bounded by the communicator's timeout (CHORUS_TIMEOUT_MS, or
  * chorusCommSetTimeout).
@@ -151,7 +152,7 @@ typedef struct {
   int expertAlignment;       /* >= 1 (DeepEP's expert_alignment; 1: no rounding) */
 } chorusEpDispatchArgs_t;
 
-typedef struct {
+typedef struct chorusEpDispatchOutput {
   void* recvX;               /* [recvCapacity, hidden] of the dispatch datatype */
   float* recvXScales;        /* FP8: [recvCapacity, hidden / 128]; NULL otherwise */
   int64_t* recvTopkIdx;      /* [recvCapacity, topk], or NULL (not wanted) */
@@ -160,7 +161,32 @@ typedef struct {
                                 all ranks' numTokens */
   int* numRecvTokensPerExpert; /* [numExperts / nranks], or NULL */
   size_t numRecvTokens;      /* out: rows written */
+  /* Optional (NULL: the arrays above are given): allocates the outputs once the number of
+   * arriving rows is known, during the call, see below. */
+  int (*allocate)(void* allocateCtx, size_t numRecvTokens, struct chorusEpDispatchOutput* out);
+  void* allocateCtx;         /* passed to allocate as is */
 } chorusEpDispatchOutput_t;
+
+/* Outputs allocated during the call (DeepEP allocates its outputs after its count exchange):
+ * with `allocate` set, recvX, recvXScales, recvTopkIdx, recvTopkWeights and recvCapacity are not
+ * read on entry (they may be NULL and 0). Instead dispatch calls
+ *   allocate(allocateCtx, numRecvTokens, out)
+ * once, in the calling thread, after the count exchange has told this rank how many rows arrive
+ * (numRecvTokens, 0 included) and before the ranks agree on the call, so before any token moves;
+ * also for chorusEpDispatchAsync, whose outputs are then written when the stream gets there. It is
+ * not called when this rank has already refused the call (bad arguments, a buffer too small), and
+ * it may be called in a call that another rank refuses: what it allocated is then not written,
+ * and is the caller's to free as always. It returns 0 after filling, in *out (`out` is the
+ * caller's struct), recvX [numRecvTokens, hidden] of the dispatch datatype, recvXScales
+ * [numRecvTokens, hidden / 128] with FP8 (NULL otherwise), recvTopkIdx and recvTopkWeights (each
+ * [numRecvTokens, topk], or NULL: not wanted) and recvCapacity >= numRecvTokens (an array of no
+ * rows may be NULL); it may also set numRecvTokensPerExpert, read after it. It must not call
+ * Chorus on this buffer or its communicator, nor throw (C++: catch and return non-zero).
+ * Failure refuses the call on every rank, and nothing is sent; the buffer and communicator stay
+ * usable: a non-zero return gives ncclSystemError on this rank (naming the rank, the count and
+ * the value returned), outputs that do not fit (recvCapacity too small, a NULL recvX or
+ * recvXScales for rows that arrive, recvXScales without FP8) ncclInvalidArgument on this rank
+ * naming the field; the other ranks return ncclInvalidArgument naming this rank. */
 
 /* DeepEP's dispatch (normal mode): sends each token once to every rank that holds any of its
  * experts, with its topk indices and weights; fills `out` (see the layouts above) and returns
@@ -192,7 +218,8 @@ ncclResult_t chorusEpCombineAsync(chorusEpBuffer_t buffer, chorusEpHandle_t hand
                                   void* combinedX, float* combinedTopkWeights,
                                   cudaStream_t stream);
 
-/* Frees a handle (any time after its dispatch; a call that uses it keeps what it needs). */
+/* Frees a handle (any time after its dispatch; a call that uses it keeps what it needs). NULL
+ * is allowed and does nothing (ncclSuccess), as free(NULL) does. */
 ncclResult_t chorusEpHandleDestroy(chorusEpHandle_t handle);
 
 /* ---- Low-latency mode (DeepEP's low_latency_dispatch / low_latency_combine) ----

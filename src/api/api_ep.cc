@@ -119,7 +119,10 @@ Status check_dispatch(const ep::Buffer& b, const chorusEpDispatchArgs_t& a, int 
     return invalid_argument("x or topkIdx is NULL with {} tokens", a.numTokens);
   if (a.numTokens > 0 && fp8 && a.xScales == nullptr)
     return invalid_argument("xScales is NULL with FP8 tokens");
-  if (!fp8 && (a.xScales != nullptr || out.recvXScales != nullptr))
+  // With an allocate callback the output arrays are not read on entry (its outputs are checked
+  // when it returns, in ep::Buffer::dispatch).
+  const bool given = out.allocate == nullptr;
+  if (!fp8 && (a.xScales != nullptr || (given && out.recvXScales != nullptr)))
     return invalid_argument(
         "xScales / recvXScales are for FP8 tokens only: pass NULL with datatype {}", datatype);
   const bool layout = a.numTokensPerRank != nullptr || a.numTokensPerExpert != nullptr ||
@@ -128,8 +131,9 @@ Status check_dispatch(const ep::Buffer& b, const chorusEpDispatchArgs_t& a, int 
                  (a.isTokenInRank == nullptr && a.numTokens > 0)))
     return invalid_argument(
         "pass all three of numTokensPerRank, numTokensPerExpert and isTokenInRank, or none");
-  if (out.recvCapacity > 0 && out.recvX == nullptr) return invalid_argument("recvX is NULL");
-  if (out.recvCapacity > 0 && fp8 && out.recvXScales == nullptr)
+  if (given && out.recvCapacity > 0 && out.recvX == nullptr)
+    return invalid_argument("recvX is NULL");
+  if (given && out.recvCapacity > 0 && fp8 && out.recvXScales == nullptr)
     return invalid_argument("recvXScales is NULL with FP8 tokens");
   return Status();
 }
@@ -321,6 +325,7 @@ CHORUS_API ncclResult_t chorusEpCombine(chorusEpBuffer_t buffer, chorusEpHandle_
 
 CHORUS_API ncclResult_t chorusEpHandleDestroy(chorusEpHandle_t handle) {
   return guard("chorusEpHandleDestroy", [&]() -> Status {
+    if (handle == nullptr) return Status();  // as free(NULL) (ep.h)
     {
       std::lock_guard<std::mutex> lock(g_mutex);
       if (ll_handles().erase(handle) != 0) return Status();

@@ -240,6 +240,40 @@ Status Buffer::run(const char* call, Stream* stream, const std::shared_ptr<Move>
   return Status();
 }
 
+namespace {
+
+// A dispatch's outputs allocated by the caller's out.allocate (ep.h) for the num_recv rows that
+// arrive, and checked as check_dispatch checks given ones. Called before the agreement, so that
+// a failure here refuses the call on every rank before any token moves.
+Status allocate_outputs(chorusEpDispatchOutput_t& out, size_t num_recv, bool fp8, int rank) {
+  int returned = 0;
+  try {
+    returned = out.allocate(out.allocateCtx, num_recv, &out);
+  } catch (...) {
+    // ep.h forbids it; caught anyway, as a hang of the other ranks in the agreement is worse.
+    returned = -1;
+  }
+  if (returned != 0)
+    return make_status(Code::kSystemError,
+                       "the allocate callback of chorusEpDispatchOutput_t failed on rank {} for {} "
+                       "tokens (it returned {})",
+                       rank, num_recv, returned);
+  if (num_recv > 0 && (out.recvX == nullptr || (fp8 && out.recvXScales == nullptr)))
+    return invalid_argument(
+        "the allocate callback left {} NULL for the {} tokens arriving on rank {}",
+        out.recvX == nullptr ? "recvX" : "recvXScales (FP8 tokens)", num_recv, rank);
+  if (!fp8 && out.recvXScales != nullptr)
+    return invalid_argument(
+        "the allocate callback set recvXScales on rank {}: it is for FP8 tokens only", rank);
+  if (out.recvCapacity < num_recv)
+    return invalid_argument(
+        "{} tokens arrive on rank {} but the allocate callback set recvCapacity {} rows",
+        num_recv, rank, out.recvCapacity);
+  return Status();
+}
+
+}  // namespace
+
 Result<std::shared_ptr<Handle>> Buffer::dispatch(const chorusEpDispatchArgs_t& args, int datatype,
                                                  chorusEpDispatchOutput_t& out, Status st,
                                                  Stream* stream) {
@@ -295,7 +329,8 @@ Result<std::shared_ptr<Handle>> Buffer::dispatch(const chorusEpDispatchArgs_t& a
     recv_offset[q + 1] = recv_offset[q] + static_cast<size_t>(recv_count[q]);
   const size_t num_recv = recv_offset[n];
   const size_t num_sent = routing.send_tokens.size();
-  if (st.ok() && num_recv > out.recvCapacity)
+  // Outputs the caller allocates are sized below, once this rank's other checks have passed.
+  if (st.ok() && out.allocate == nullptr && num_recv > out.recvCapacity)
     st = invalid_argument("{} tokens arrive on rank {} but the outputs hold recvCapacity {} rows",
                           num_recv, rank_, out.recvCapacity);
   const size_t staged = num_sent + num_recv + num_forwarded_in;
@@ -309,6 +344,7 @@ Result<std::shared_ptr<Handle>> Buffer::dispatch(const chorusEpDispatchArgs_t& a
         rank_, num_sent, num_recv, num_forwarded_in, record, staged * record, bytes(), nranks_,
         max_tokens, args.hidden, args.topk, hint.ok() ? hint.value() : SIZE_MAX);
   }
+  if (st.ok() && out.allocate != nullptr) st = allocate_outputs(out, num_recv, elem == 1, rank_);
   CHORUS_RETURN_IF_ERROR(
       agree("chorusEpDispatch", std::move(st),
             {static_cast<int64_t>(args.hidden), args.topk, args.numExperts, datatype},

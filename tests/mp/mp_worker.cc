@@ -28,10 +28,12 @@
 //                                         error feedback.
 //   chorus_mp_worker ep                   MoE dispatch and combine (ep_check.h): every routing
 //                                         and datatype checked against each rank's own
-//                                         reference; bad input refused on every rank. Then the
-//                                         verbs byte counters: with CHORUS_TEST_EP_ZERO_COPY=1
-//                                         this rank must have sent and received EP tokens zero
-//                                         copy (its staging area is registered).
+//                                         reference; outputs allocated during the call (and
+//                                         a failed allocation); bad input refused on every
+//                                         rank. Then the verbs byte counters: with
+//                                         CHORUS_TEST_EP_ZERO_COPY=1 this rank must have sent
+//                                         and received EP tokens zero copy (its staging area
+//                                         is registered).
 //   chorus_mp_worker ep-ll                the same in low-latency mode (ep_ll_check.h), and two
 //                                         micro-batches in flight with hooks; the same verbs
 //                                         counters (its messages are all under the default
@@ -531,7 +533,8 @@ int main(int argc, char** argv) {
 #if CHORUS_MP_VERBS
     const chorus::verbs::ByteCounts before = chorus::verbs::process_byte_counts();
 #endif
-    std::string f = check_ep_matrix(comm, 4242) + check_ep_async(comm) + check_ep_bad_input(comm);
+    std::string f = check_ep_matrix(comm, 4242) + check_ep_async(comm) +
+                    check_ep_allocate(comm) + check_ep_bad_input(comm);
 #if CHORUS_MP_VERBS
     f += check_ep_zero_copy(rank, before);
 #endif

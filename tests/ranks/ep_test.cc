@@ -49,6 +49,16 @@ TEST_CASE("ep: asynchronous dispatch and combine run in their host stream's orde
   }
 }
 
+TEST_CASE("ep: outputs allocated during dispatch, and a failed allocation refused on every rank",
+          "[ranks][ep]") {
+  for (int n : {1, 2, 3}) {
+    CAPTURE(n);
+    RankGroup g(n);
+    REQUIRE(g.init_error().empty());
+    CHECK(g.run([&](int, ncclComm_t comm) { return check_ep_allocate(comm); }) == "");
+  }
+}
+
 TEST_CASE("ep: a single rank dispatches to itself", "[ranks][ep]") {
   RankGroup g(1);
   REQUIRE(g.init_error().empty());

@@ -199,10 +199,41 @@ struct Run {
   size_t num_recv = 0;
   chorusEpHandle_t handle = nullptr;
   chorusStream_t stream = nullptr;  // non-NULL: the calls are queued on it (chorusEp*Async)
+  // The outputs above allocated during the dispatch by allocate_outputs (out.allocate), which
+  // records its calls, fails returning fail_allocate when that is not 0, and with
+  // short_capacity announces one row fewer than arrive.
+  bool allocate = false;
+  int fail_allocate = 0;
+  bool short_capacity = false;
+  int allocate_calls = 0;
+  size_t allocated = 0;
+  std::thread::id allocate_thread;
 
   const RankInput& mine() const { return all[static_cast<size_t>(rank)]; }
   int rank_of(int64_t e) const { return static_cast<int>(e / c.local_experts); }
 };
+
+// chorusEpDispatchOutput_t's allocate for a Run: outputs of exactly the rows that arrive, filled
+// with markers as prepare's are.
+int allocate_outputs(void* ctx, size_t rows, chorusEpDispatchOutput_t* o) {
+  Run& run = *static_cast<Run*>(ctx);
+  ++run.allocate_calls;
+  run.allocated = rows;
+  run.allocate_thread = std::this_thread::get_id();
+  if (run.fail_allocate != 0) return run.fail_allocate;
+  const auto& c = run.c;
+  const size_t k = static_cast<size_t>(c.topk);
+  run.recv_x.assign(rows * c.hidden * elem_size(c.dtype), 0xee);
+  run.recv_scales.assign(c.dtype == ncclFloat8e4m3 ? rows * c.hidden / 128 : 0, -1.0f);
+  run.recv_idx.assign(rows * k, 77);
+  run.recv_w.assign(rows * k, -5.0f);
+  o->recvX = run.recv_x.data();
+  o->recvXScales = c.dtype == ncclFloat8e4m3 ? run.recv_scales.data() : nullptr;
+  o->recvTopkIdx = run.recv_idx.data();
+  o->recvTopkWeights = run.recv_w.data();
+  o->recvCapacity = run.short_capacity && rows > 0 ? rows - 1 : rows;
+  return 0;
+}
 
 Run make_run(const EpCase& c, int rank, int nranks) {
   Run run;
@@ -293,6 +324,17 @@ std::string prepare(chorusEpBuffer_t b, Run& run, Prepared& p) {
   o.recvTopkWeights = run.recv_w.data();
   o.recvCapacity = capacity;
   o.numRecvTokensPerExpert = run.recv_per_expert.data();
+  if (run.allocate) {
+    // No arrays on entry: allocate_outputs gives them during the call.
+    o.recvX = nullptr;
+    o.recvXScales = nullptr;
+    o.recvTopkIdx = nullptr;
+    o.recvTopkWeights = nullptr;
+    o.recvCapacity = 0;
+    o.allocate = allocate_outputs;
+    o.allocateCtx = &run;
+    run.allocate_calls = 0;
+  }
   return "";
 }
 
@@ -303,6 +345,12 @@ std::string dispatch(chorusEpBuffer_t b, Run& run) {
   ncclResult_t r = chorusEpDispatchAsync(b, &p.a, &p.o, &run.handle, run.stream);
   if (r != ncclSuccess) return nccl_error("chorusEpDispatch", r);
   run.num_recv = p.o.numRecvTokens;  // set on return, also when queued on a stream
+  if (run.allocate && (run.allocate_calls != 1 || run.allocated != run.num_recv ||
+                       run.allocate_thread != std::this_thread::get_id()))
+    return fmt::format(
+        "allocate was called {} times, last for {} tokens, {} the calling thread; {} arrived\n",
+        run.allocate_calls, run.allocated,
+        run.allocate_thread == std::this_thread::get_id() ? "on" : "not on", run.num_recv);
   return wait_queued(run);
 }
 
@@ -497,10 +545,12 @@ class TestStream {
   bool failed_ = false;
 };
 
-std::string run_case(ncclComm_t comm, const EpCase& c, int rank, int nranks, bool async) {
+std::string run_case(ncclComm_t comm, const EpCase& c, int rank, int nranks, bool async,
+                     bool allocate = false) {
   Run run = make_run(c, rank, nranks);
   TestStream stream(async);
   run.stream = stream.get();
+  run.allocate = allocate;
   chorusEpBuffer_t b = nullptr;
   std::string f = make_buffer(comm, {&run}, &b);
   if (f.empty()) f = dispatch(b, run);
@@ -510,7 +560,9 @@ std::string run_case(ncclComm_t comm, const EpCase& c, int rank, int nranks, boo
     f = "handle destroy\n";
   if (b != nullptr && chorusEpBufferDestroy(b) != ncclSuccess && f.empty()) f = "buffer destroy\n";
   if (f.empty()) f = stream.close();
-  return f.empty() ? "" : c.describe() + (async ? " (on a stream)" : "") + ": " + f;
+  return f.empty() ? ""
+                   : c.describe() + (async ? " (on a stream)" : "") +
+                         (allocate ? " (outputs allocated by the callback)" : "") + ": " + f;
 }
 
 // Two dispatches alive at once on one buffer, combined in reverse order, one of them twice and
@@ -536,16 +588,17 @@ std::string run_two_handles(ncclComm_t comm, const EpCase& c1, const EpCase& c2,
   return f.empty() ? "" : std::string("two handles") + (async ? " (on a stream)" : "") + ": " + f;
 }
 
-// A refused call: the `culprit` rank (-1: every rank) fails with ncclInvalidArgument and a
-// message containing `text`; the others with ncclInvalidArgument naming the culprit.
+// A refused call: the `culprit` rank (-1: every rank) fails with `code` and a message
+// containing `text`; the others with ncclInvalidArgument naming the culprit.
 std::string expect_refused(const char* what, ncclResult_t r, int rank, int culprit,
-                           const std::string& text) {
+                           const std::string& text, ncclResult_t code = ncclInvalidArgument) {
   const std::string msg = ncclGetLastError(nullptr);
-  const std::string want =
-      culprit < 0 || culprit == rank ? text : fmt::format("refused on rank(s) {}", culprit);
-  if (r != ncclInvalidArgument || msg.find(want) == std::string::npos)
-    return fmt::format("{}: got {} \"{}\", expected ncclInvalidArgument with \"{}\"\n", what,
-                       ncclGetErrorString(r), msg, want);
+  const bool mine = culprit < 0 || culprit == rank;
+  const std::string want = mine ? text : fmt::format("refused on rank(s) {}", culprit);
+  const ncclResult_t want_code = mine ? code : ncclInvalidArgument;
+  if (r != want_code || msg.find(want) == std::string::npos)
+    return fmt::format("{}: got {} \"{}\", expected {} with \"{}\"\n", what,
+                       ncclGetErrorString(r), msg, ncclGetErrorString(want_code), want);
   return "";
 }
 
@@ -653,6 +706,8 @@ std::string bad_combines(chorusEpBuffer_t b, ncclComm_t comm, int rank, int nran
       chorusEpCombine(other, run.handle, y.data(), ncclFloat32, nullptr, out.data(), nullptr), rank,
       -1, "comes from the dispatch of another buffer");
   chorusEpBufferDestroy(other);
+  if (chorusEpHandleDestroy(nullptr) != ncclSuccess)
+    f += "chorusEpHandleDestroy(NULL) failed: like free(NULL) it must do nothing\n";
   if (rank == 0) chorusEpHandleDestroy(run.handle);
   f += expect_refused(
       "destroyed handle on rank 0",
@@ -810,7 +865,90 @@ std::string check_ep_matrix(ncclComm_t comm, uint64_t seed) {
   for (bool async : {false, true}) {
     for (const auto& c : cases) f += run_case(comm, c, rank, nranks, async);
     f += run_two_handles(comm, cases[0], cases[11], rank, nranks, async);
+    // Outputs allocated during the call (out.allocate): FP32 with ranks that receive nothing
+    // (allocate called for 0 rows), BF16 skewed, FP8 with its scales.
+    for (size_t i : {size_t{4}, size_t{6}, size_t{11}})
+      f += run_case(comm, cases[i], rank, nranks, async, /*allocate=*/true);
   }
+  return f;
+}
+
+std::string check_ep_allocate(ncclComm_t comm) {
+  int rank = 0, nranks = 0;
+  if (ncclCommUserRank(comm, &rank) != ncclSuccess || ncclCommCount(comm, &nranks) != ncclSuccess)
+    return "comm query failed\n";
+  const EpCase c = small_case(41);
+  chorusEpBuffer_t b = nullptr;
+  size_t bytes = 0;
+  if (chorusEpBufferSizeHint(nranks, c.max_tokens, c.hidden, c.topk, &bytes) != ncclSuccess ||
+      chorusEpBufferCreate(comm, bytes, &b) != ncclSuccess)
+    return nccl_error("buffer", ncclInternalError);
+  const int culprit = nranks - 1;
+  std::string f;
+  for (bool async : {false, true}) {
+    TestStream stream(async);
+    const char* mode = async ? " (on a stream)" : "";
+    // Run `run`'s dispatch with `edit` applied to its arguments; its result, and no handle.
+    const auto refused_dispatch = [&](Run& run, auto edit) {
+      Prepared p;
+      f += prepare(b, run, p);
+      edit(p);
+      chorusEpHandle_t h = nullptr;
+      const ncclResult_t r = chorusEpDispatchAsync(b, &p.a, &p.o, &h, run.stream);
+      if (h != nullptr) {
+        f += fmt::format("a refused dispatch{} returned a handle\n", mode);
+        chorusEpHandleDestroy(h);
+      }
+      return r;
+    };
+    Run run = make_run(c, rank, nranks);
+    run.stream = stream.get();
+    run.allocate = true;
+    run.fail_allocate = rank == culprit ? 7 : 0;
+    ncclResult_t r = refused_dispatch(run, [](Prepared&) {});
+    f += expect_refused(
+        async ? "allocate failing on the last rank (on a stream)"
+              : "allocate failing on the last rank",
+        r, rank, culprit,
+        fmt::format("the allocate callback of chorusEpDispatchOutput_t failed on rank {} for {} "
+                    "tokens (it returned 7)",
+                    culprit, run.allocated),
+        ncclSystemError);
+    if (run.allocate_calls != 1)
+      f += fmt::format("allocate called {} times in a call it refused{}\n", run.allocate_calls,
+                       mode);
+    run.fail_allocate = 0;
+    run.short_capacity = rank == 0;
+    r = refused_dispatch(run, [](Prepared&) {});
+    f += expect_refused(
+        async ? "allocate giving too few rows on rank 0 (on a stream)"
+              : "allocate giving too few rows on rank 0",
+        r, rank, 0,
+        fmt::format("tokens arrive on rank 0 but the allocate callback set recvCapacity {} rows",
+                    run.allocated - 1));
+    // A rank that refuses before knowing the count allocates nothing.
+    run.short_capacity = false;
+    std::vector<int64_t> idx = run.mine().idx;
+    idx[1] = 1000;
+    r = refused_dispatch(run, [&](Prepared& p) {
+      if (rank == 0) p.a.topkIdx = idx.data();
+    });
+    f += expect_refused(async ? "expert 1000 on rank 0 (on a stream)" : "expert 1000 on rank 0", r,
+                        rank, 0, "token 0 slot 1: expert index 1000");
+    if (rank == 0 && run.allocate_calls != 0)
+      f += fmt::format("allocate called on a rank that refused the call{}\n", mode);
+    // The buffer and communicator are usable: the next dispatch and its combine are right.
+    Run next = make_run(small_case(43), rank, nranks);
+    next.stream = stream.get();
+    next.allocate = true;
+    std::string g = dispatch(b, next);
+    if (g.empty()) g = check_received(next);
+    if (g.empty()) g = combine(b, next, /*with_weights=*/true);
+    if (next.handle != nullptr) chorusEpHandleDestroy(next.handle);
+    if (g.empty()) g = stream.close();
+    if (!g.empty()) f += fmt::format("the dispatch after the refused ones{}: {}", mode, g);
+  }
+  if (chorusEpBufferDestroy(b) != ncclSuccess) f += "buffer destroy\n";
   return f;
 }
 

@@ -30,6 +30,13 @@ std::string check_ep_matrix(ncclComm_t comm, uint64_t seed);
 // recorded after them completes.
 std::string check_ep_async(ncclComm_t comm);
 
+// Outputs allocated during the dispatch by chorusEpDispatchOutput_t's allocate callback, blocking
+// and on a stream: a callback failing on one rank, or giving too few rows, refuses the call on
+// every rank (ncclSystemError / ncclInvalidArgument there, ncclInvalidArgument naming it on the
+// others), a rank refusing before the count exchange does not call it, and the next dispatch on
+// the same buffer is right. (The matrix checks the callback's outputs against the reference.)
+std::string check_ep_allocate(ncclComm_t comm);
+
 // Bad input refused with ncclInvalidArgument on every rank (the culprit naming the token, slot
 // or size hint, the others naming the culprit), and the communicator usable afterwards.
 std::string check_ep_bad_input(ncclComm_t comm);

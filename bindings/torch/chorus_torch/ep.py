@@ -48,10 +48,10 @@ ordering and summation rules are written there). Differences, all deliberate:
     DeepEP; the C API checks them against topk_idx.
   - Cached dispatch (handle=..., DeepEP's layout reuse) is refused: the C API routes every
     dispatch afresh and has no entry point that reuses a handle's routing.
-  - Output size: recv_x has exactly the rows that arrive. Before each dispatch the ranks sum
-    their per-destination token counts (one ncclReduceScatter of num_ranks int64), so the
-    outputs need no worst-case capacity (num_ranks x max_tokens rows) at the price of one small
-    collective per dispatch. num_worst_tokens (DeepEP's padded outputs) is not supported.
+  - Output size: recv_x has exactly the rows that arrive. As in DeepEP, the outputs are
+    allocated after the dispatch's own count exchange (the C API's allocate callback), so they
+    need no worst-case capacity (num_ranks x max_tokens rows) and no extra collective.
+    num_worst_tokens (DeepEP's padded outputs) is not supported.
   - Low-latency mode: see low_latency_dispatch and low_latency_combine (UE8M0 scales one byte
     per 128 channels, not packed; rows ordered by source rank and token, not by arrival; the
     handle is opaque; no LogFMT, zero-copy or wait-cost statistics).

@@ -9,6 +9,7 @@
 #include <ATen/ATen.h>
 #include <cstdint>
 #include <cstdio>
+#include <exception>
 #include <limits>
 #include <memory>
 #include <mutex>
@@ -84,6 +85,41 @@ ncclDataType_t row_type(const at::Tensor& x, bool scales, const char* call) {
                    x.scalar_type());
   return x.scalar_type() == at::kFloat ? ncclFloat32 : ncclBfloat16;
 }
+
+// The outputs of one dispatch, allocated by chorusEpDispatchOutput_t's allocate callback once
+// the dispatch's count exchange has told this rank how many rows arrive: tensors of exactly
+// those rows, with no collective of our own to learn the count first.
+struct DispatchOutputs {
+  at::TensorOptions x_options;  // recv_x: x's dtype (uint8 FP8 codes with scales)
+  int64_t hidden = 0, topk = 0;
+  bool scales = false, weights = false;
+  int64_t rows = -1;  // -1: not allocated (the call was refused before)
+  at::Tensor recv_x, recv_idx;
+  c10::optional<at::Tensor> recv_scales, recv_weights;
+  std::exception_ptr error;  // what allocating raised: rethrown once the call returns
+
+  // chorusEpDispatchOutput_t::allocate; a C callback, so it must not throw.
+  static int allocate(void* ctx, size_t num_recv, chorusEpDispatchOutput_t* out) noexcept {
+    auto& o = *static_cast<DispatchOutputs*>(ctx);
+    try {
+      const auto rows = static_cast<int64_t>(num_recv);
+      o.recv_x = at::empty({rows, o.hidden}, o.x_options);
+      if (o.scales) o.recv_scales = at::empty({rows, o.hidden / CHORUS_EP_FP8_BLOCK}, at::kFloat);
+      o.recv_idx = at::empty({rows, o.topk}, at::kLong);
+      if (o.weights) o.recv_weights = at::empty({rows, o.topk}, at::kFloat);
+      out->recvX = o.recv_x.data_ptr();
+      out->recvXScales = o.recv_scales ? o.recv_scales->data_ptr<float>() : nullptr;
+      out->recvTopkIdx = o.recv_idx.data_ptr<int64_t>();
+      out->recvTopkWeights = o.recv_weights ? o.recv_weights->data_ptr<float>() : nullptr;
+      out->recvCapacity = num_recv;
+      o.rows = rows;
+      return 0;
+    } catch (...) {
+      o.error = std::current_exception();
+      return 1;
+    }
+  }
+};
 
 }  // namespace
 
@@ -343,10 +379,6 @@ class EpBuffer {
  private:
   // The live buffer (under state_->mu), or a ValueError naming `call`.
   chorusEpBuffer_t live(const char* call) const;
-  // Rows arriving at this rank: every rank's count of its tokens bound here, summed by one
-  // ncclReduceScatter. A rank whose topk_idx does not route announces none; its dispatch is
-  // then refused on every rank by the C API, with its reason.
-  size_t count_arrivals(const at::Tensor& topk_idx, int num_experts);
   // A hook of the call that just returned `hook` (nullptr: none), keeping `outputs`. Under mu.
   std::shared_ptr<EpHook> make_hook(chorusEpHook_t hook, std::vector<at::Tensor> outputs);
   // The stream a normal-mode call queues on: with async_finish, the buffer's (waiting first for
@@ -432,20 +464,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> EpBuffer::get_dispatch_layout(
   return {per_rank, per_expert, in_rank};
 }
 
-size_t EpBuffer::count_arrivals(const at::Tensor& topk_idx, int num_experts) {
-  std::vector<int> per_rank(static_cast<size_t>(nranks_), 0);
-  const ncclResult_t routed = chorusEpGetDispatchLayout(
-      state_->buffer, topk_idx.data_ptr<int64_t>(), static_cast<size_t>(topk_idx.size(0)),
-      static_cast<int>(topk_idx.size(1)), num_experts, per_rank.data(), nullptr, nullptr);
-  std::vector<int64_t> counts(per_rank.size(), 0);
-  if (routed == ncclSuccess) counts.assign(per_rank.begin(), per_rank.end());
-  int64_t arriving = 0;
-  state_->check_call(
-      ncclReduceScatter(counts.data(), &arriving, 1, ncclInt64, ncclSum, state_->comm, nullptr),
-      "ncclReduceScatter (EP receive counts)");
-  return static_cast<size_t>(arriving);
-}
-
 DispatchResult EpBuffer::dispatch(const at::Tensor& x, const c10::optional<at::Tensor>& x_scales,
                                   const at::Tensor& topk_idx,
                                   const c10::optional<at::Tensor>& topk_weights,
@@ -486,32 +504,35 @@ DispatchResult EpBuffer::dispatch(const at::Tensor& x, const c10::optional<at::T
 
   std::lock_guard<std::mutex> lock(state_->mu);
   live(call);
-  // Outputs of exactly the rows that arrive (see count_arrivals).
-  const auto rows = static_cast<int64_t>(count_arrivals(topk_idx, experts));
   const int64_t local_experts = nranks_ > 0 && experts % nranks_ == 0 ? experts / nranks_ : 0;
-  at::Tensor recv_x = at::empty({rows, hidden}, x.options());
-  c10::optional<at::Tensor> recv_scales;
-  if (x_scales) recv_scales = at::empty({rows, hidden / CHORUS_EP_FP8_BLOCK}, at::kFloat);
-  at::Tensor recv_idx = at::empty({rows, topk}, at::kLong);
-  c10::optional<at::Tensor> recv_weights;
-  if (topk_weights) recv_weights = at::empty({rows, topk}, at::kFloat);
   std::vector<int> per_expert(static_cast<size_t>(local_experts), 0);
-
+  // Outputs of exactly the rows that arrive, allocated during the call (DispatchOutputs).
+  DispatchOutputs outputs;
+  outputs.x_options = x.options();
+  outputs.hidden = hidden;
+  outputs.topk = topk;
+  outputs.scales = x_scales.has_value();
+  outputs.weights = topk_weights.has_value();
   chorusEpDispatchOutput_t out{};
-  out.recvX = recv_x.data_ptr();
-  out.recvXScales = recv_scales ? recv_scales->data_ptr<float>() : nullptr;
-  out.recvTopkIdx = recv_idx.data_ptr<int64_t>();
-  out.recvTopkWeights = recv_weights ? recv_weights->data_ptr<float>() : nullptr;
-  out.recvCapacity = static_cast<size_t>(rows);
   out.numRecvTokensPerExpert = per_expert.data();
+  out.allocate = DispatchOutputs::allocate;
+  out.allocateCtx = &outputs;
   chorusEpHandle_t raw = nullptr;
   const chorusStream_t stream = stream_for(previous_event, async_finish);
-  state_->check_call(chorusEpDispatchAsync(state_->buffer, &args, &out, &raw, stream),
-                     "chorusEpDispatch");
+  const ncclResult_t r = chorusEpDispatchAsync(state_->buffer, &args, &out, &raw, stream);
+  // This rank's allocation failed: the call was refused on every rank and the communicator is
+  // fine, so the allocator's own error is the one to raise.
+  if (outputs.error) std::rethrow_exception(outputs.error);
+  state_->check_call(r, "chorusEpDispatch");
+  TORCH_INTERNAL_ASSERT(outputs.rows == static_cast<int64_t>(out.numRecvTokens),
+                        "chorus dispatch: ", out.numRecvTokens, " tokens arrived, outputs for ",
+                        outputs.rows, " were allocated");
   auto handle = std::make_shared<EpHandle>(raw, tokens, static_cast<int64_t>(out.numRecvTokens),
                                            hidden, topk);
-  TORCH_INTERNAL_ASSERT(out.numRecvTokens == static_cast<size_t>(rows), "chorus dispatch: ",
-                        out.numRecvTokens, " tokens arrived, ", rows, " were announced");
+  const at::Tensor& recv_x = outputs.recv_x;
+  const at::Tensor& recv_idx = outputs.recv_idx;
+  const c10::optional<at::Tensor>& recv_scales = outputs.recv_scales;
+  const c10::optional<at::Tensor>& recv_weights = outputs.recv_weights;
   // Queued: x, its scales, topk_idx and topk_weights are read, and the outputs written, later.
   std::vector<at::Tensor> tensors = {x, topk_idx, recv_x, recv_idx};
   using Optional = const c10::optional<at::Tensor>*;
