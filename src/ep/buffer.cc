@@ -28,13 +28,19 @@ size_t align8(size_t v) { return (v + 7) / 8 * 8; }
 // aligned: BF16 rows may be odd-sized).
 size_t combine_weights_at(size_t rows, size_t row) { return align8(rows * row); }
 
-// Combine's rows between a pair of ranks on different hosts travel in pieces of about
-// CHORUS_EP_PIECE_BYTES, at most kCombinePieces: the receiver sums the tokens of the first
-// pieces while the later ones travel. Both ends compute it from the same count.
-constexpr size_t kCombinePieces = 16;
-size_t combine_pieces(size_t rows, size_t row) {
+// Dispatch's records and combine's rows between a pair of ranks on different hosts travel in
+// pieces of about CHORUS_EP_PIECE_BYTES, at most kMaxPieces: the receiver unpacks or sums what
+// the first pieces brought while the later ones travel. Both ends compute it from the same
+// count of items of `item` bytes.
+constexpr size_t kMaxPieces = 16;
+size_t piece_count(size_t items, size_t item) {
   const auto piece = static_cast<size_t>(params::kEpPieceBytes.get());
-  return std::clamp<size_t>(rows * row / piece, 1, std::min(kCombinePieces, std::max<size_t>(rows, 1)));
+  return std::clamp<size_t>(items * item / piece, 1, std::min(kMaxPieces, std::max<size_t>(items, 1)));
+}
+// Items [first, last) of piece p (< piece_count(items, item)).
+std::pair<size_t, size_t> piece_items(size_t items, size_t item, size_t p) {
+  const size_t n = piece_count(items, item);
+  return {items * p / n, items * (p + 1) / n};
 }
 
 // One dispatched token on the wire: x, its FP8 scales, topk int64 indices, topk float weights.
@@ -460,7 +466,10 @@ Status Buffer::stage_dispatch(DispatchMove& m, Part part) {
     } else if (areas_->forwarder(rank_, areas_->host_of(peer)) < 0) {
       for (size_t i = first; i < last; ++i)
         write_record(h.send_tokens[i], send_area + (send_at + i - first) * record, remote_part);
-      sends.push_back({peer, send_area + send_at * record, (last - first) * record});
+      for (size_t p = 0; p < piece_count(last - first, record); ++p) {
+        const auto [begin, end] = piece_items(last - first, record, p);
+        sends.push_back({peer, send_area + (send_at + begin) * record, (end - begin) * record});
+      }
       send_at += last - first;
     }
   }
@@ -473,12 +482,20 @@ Status Buffer::stage_dispatch(DispatchMove& m, Part part) {
       write_record(t, send_area + send_at++ * record, remote_part);
     sends.push_back({via, send_area + first * record, (send_at - first) * record});
   }
-  size_t recv_at = 0;
-  for (size_t q = 0; q < n; ++q) {
-    const int peer = static_cast<int>(q);
-    if (!areas_->written_by(peer) && areas_->forwarder(peer, my_host) < 0)
-      recvs.push_back({peer, recv_area + recv_at * record, m.to_rank(q, me) * record});
-    recv_at += m.to_rank(q, me);
+  // Records sent straight here travel in pieces (piece_count), listed piece by piece across
+  // the senders: finish_dispatch unpacks each as it arrives, in that order.
+  for (size_t p = 0; p < kMaxPieces; ++p) {
+    size_t recv_at = 0;
+    for (size_t q = 0; q < n; ++q) {
+      const int peer = static_cast<int>(q);
+      const size_t c = m.to_rank(q, me);
+      if (!areas_->written_by(peer) && areas_->forwarder(peer, my_host) < 0 &&
+          p < piece_count(c, record)) {
+        const auto [begin, end] = piece_items(c, record, p);
+        recvs.push_back({peer, recv_area + (recv_at + begin) * record, (end - begin) * record});
+      }
+      recv_at += c;
+    }
   }
   size_t forward_at = 0;
   for (size_t q = 0; q < n; ++q) {
@@ -498,6 +515,25 @@ Status Buffer::stage_dispatch(DispatchMove& m, Part part) {
 }
 
 Status Buffer::finish_dispatch(DispatchMove& m, const Arrivals& arrivals) {
+  // Records that came straight from their sender: unpacked message by message as they arrive.
+  // unpacked[i]: record i is in the caller's outputs.
+  std::vector<uint8_t> unpacked(m.num_recv, 0);
+  std::fill(unpacked.begin() + static_cast<ptrdiff_t>(m.own_records.first),
+            unpacked.begin() + static_cast<ptrdiff_t>(m.own_records.second), 1);
+  const char* recv_area = areas_->local();
+  size_t arrival = 0;
+  for (const RecvMsg& r : m.recvs) {
+    if (r.peer == rank_ || r.bytes == 0) continue;  // what Arrivals counts
+    ++arrival;
+    const char* d = static_cast<const char*>(r.data);
+    if (d >= m.forward_area) continue;  // a message to forward: below, once all are in
+    CHORUS_RETURN_IF_ERROR(arrivals.wait(arrival));
+    const size_t first = static_cast<size_t>(d - recv_area) / m.record;
+    const size_t last = first + r.bytes / m.record;
+    unpack(m, first, last);
+    std::fill(unpacked.begin() + static_cast<ptrdiff_t>(first),
+              unpacked.begin() + static_cast<ptrdiff_t>(last), 1);
+  }
   CHORUS_RETURN_IF_ERROR(arrivals.wait(arrivals.total()));
   const chorusEpDispatchArgs_t& args = m.args;
   const size_t record = m.record;
@@ -532,8 +568,17 @@ Status Buffer::finish_dispatch(DispatchMove& m, const Arrivals& arrivals) {
   for (int q = 0; q < nranks_; ++q)
     if (q != rank_ && areas_->writes_into(q)) areas_->mark_written(q, m.step);
   CHORUS_RETURN_IF_ERROR(areas_->wait_written(m.step, "chorusEpDispatch"));
-  unpack(m, 0, m.own_records.first);
-  unpack(m, m.own_records.second, m.num_recv);
+  // The rest: written by this host's ranks, or forwarded.
+  for (size_t i = 0; i < m.num_recv;) {
+    if (unpacked[i]) {
+      ++i;
+      continue;
+    }
+    size_t end = i;
+    while (end < m.num_recv && !unpacked[end]) ++end;
+    unpack(m, i, end);
+    i = end;
+  }
   return Status();
 }
 
@@ -659,9 +704,8 @@ Status Buffer::stage_combine(CombineMove& m, Part part) {
       my_weights = reinterpret_cast<const float*>(wto);
     }
     if (m.with_weights) sends.push_back({peer, my_weights, rn * weight_row});
-    const size_t pieces = combine_pieces(rn, row);
-    for (size_t p = 0; p < pieces; ++p) {
-      const size_t first = rn * p / pieces, last = rn * (p + 1) / pieces;
+    for (size_t p = 0; p < piece_count(rn, row); ++p) {
+      const auto [first, last] = piece_items(rn, row, p);
       sends.push_back({peer, my_rows + first * row, (last - first) * row});
     }
   }
@@ -671,15 +715,14 @@ Status Buffer::stage_combine(CombineMove& m, Part part) {
     const size_t s0 = h.send_offset[q], sn = h.send_offset[q + 1] - s0;
     if (m.with_weights)
       recvs.push_back({static_cast<int>(q), weights + s0 * weight_row, sn * weight_row});
-    most_pieces = std::max(most_pieces, combine_pieces(sn, row));
+    most_pieces = std::max(most_pieces, piece_count(sn, row));
   }
   for (size_t p = 0; p < most_pieces; ++p) {
     for (size_t q = 0; q < n; ++q) {
       if (areas_->written_by(static_cast<int>(q))) continue;
       const size_t s0 = h.send_offset[q], sn = h.send_offset[q + 1] - s0;
-      const size_t pieces = combine_pieces(sn, row);
-      if (p >= pieces) continue;
-      const size_t first = sn * p / pieces, last = sn * (p + 1) / pieces;
+      if (p >= piece_count(sn, row)) continue;
+      const auto [first, last] = piece_items(sn, row, p);
       recvs.push_back({static_cast<int>(q), rows + (s0 + first) * row, (last - first) * row});
     }
   }
