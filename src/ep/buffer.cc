@@ -202,6 +202,7 @@ Status Buffer::run(const char* call, Stream* stream, const std::shared_ptr<Move>
   if (stream == nullptr && !remote) {
     CHORUS_RETURN_IF_ERROR(stage(Part::kAll));
     CHORUS_RETURN_IF_ERROR(copy_to_self(rank_, move->sends, move->recvs));
+    if (early) early();  // while same-host peers still write
     return finish(Arrivals());
   }
   CHORUS_RETURN_IF_ERROR(make_own_stream());

@@ -121,8 +121,8 @@ class Buffer {
   // ranks are posted first, then the same-host records written) or queued on the stream. The
   // messages to other ranks go on the buffer's own stream either way, so that finish() runs
   // while they travel.
-  // early (may be null): blocking, with messages on the way, what can be done before they
-  // arrive.
+  // early (may be null): blocking, what can be done before the messages arrive and the
+  // same-host peers' writes are in.
   using Finish = std::function<Status(const Arrivals& arrivals)>;
   Status run(const char* call, Stream* stream, const std::shared_ptr<Move>& move,
              std::function<Status(Part)> stage, std::function<void()> early, Finish finish);
