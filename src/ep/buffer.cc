@@ -239,9 +239,12 @@ Status Buffer::run(const char* call, Stream* stream, const std::shared_ptr<Move>
         return copy_to_self(rank_, move->sends, move->recvs);
       });
   last_queued_ = written;
-  stream_wait_op(*Stream::from_handle(own_stream_), written);
-  CHORUS_ASSIGN_OR_RETURN(std::shared_ptr<const Arrivals> arrivals,
-                          post_watched(comm_, rank_, move->sends, move->recvs, own_stream_));
+  std::shared_ptr<const Arrivals> arrivals = std::make_shared<const Arrivals>();
+  if (remote) {
+    stream_wait_op(*Stream::from_handle(own_stream_), written);
+    CHORUS_ASSIGN_OR_RETURN(arrivals,
+                            post_watched(comm_, rank_, move->sends, move->recvs, own_stream_));
+  }
   last_queued_ = worker_->queue(*stream, fmt::format("{}: receive", call),
                                 [arrivals, finish_then_wait] { return finish_then_wait(*arrivals); });
   return Status();
