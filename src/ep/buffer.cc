@@ -105,14 +105,22 @@ int Buffer::take_slot() {
 }
 
 Status Buffer::agree(const char* call, Status mine, const std::vector<int64_t>& facts,
-                     const std::vector<const char*>& names) {
-  const size_t width = facts.size() + 1;
+                     const std::vector<const char*>& names, int64_t value,
+                     std::vector<int64_t>* values) {
+  // [verdict | facts | value, if any]
+  const size_t extra = values != nullptr ? 1 : 0;
+  const size_t width = facts.size() + 1 + extra;
   std::vector<int64_t> all(width * static_cast<size_t>(nranks_));
   std::vector<int64_t> row(width);
   row[0] = mine.ok() ? 0 : 1;
   std::copy(facts.begin(), facts.end(), row.begin() + 1);
+  if (extra != 0) row[width - 1] = value;
   ncclResult_t r = ncclAllGather(row.data(), all.data(), width, ncclInt64, comm_, nullptr);
   if (r != ncclSuccess) return from_nccl(r, "ncclAllGather of the EP verdicts");
+  if (values != nullptr) {
+    values->resize(static_cast<size_t>(nranks_));
+    for (size_t q = 0; q < values->size(); ++q) (*values)[q] = all[q * width + width - 1];
+  }
   if (!mine.ok()) return mine;
   std::string refused;
   for (int q = 0; q < nranks_; ++q)

@@ -85,9 +85,12 @@ class Buffer {
 
   // Every rank's verdict, and `facts` (values that must be equal on every rank, named by
   // `names`; kAnyValue on a rank: no constraint there), gathered; the call's Status here.
+  // `values` (not null): every rank's `value` (no constraint on it), gathered in the same
+  // collective, in rank order.
   static constexpr int64_t kAnyValue = INT64_MIN;
   Status agree(const char* call, Status mine, const std::vector<int64_t>& facts,
-               const std::vector<const char*>& names);
+               const std::vector<const char*>& names, int64_t value = kAnyValue,
+               std::vector<int64_t>* values = nullptr);
 
   // Low-latency mode (low_latency.h) uses the staging area as two slots of bytes() / 2 (64-byte
   // aligned), one per call in flight. A slot is taken until its call completes.
@@ -96,6 +99,12 @@ class Buffer {
   size_t bytes() const { return areas_->bytes(); }
   size_t slot_bytes() const { return bytes() / kSlots / 64 * 64; }
   char* slot(int i) { return areas_->local() + static_cast<size_t>(i) * slot_bytes(); }
+  // Slot i of the staging area of `peer` (areas().writes_into(peer)), as `peer` lays it out.
+  char* peer_slot(int peer, int i) {
+    return areas_->area(peer) + static_cast<size_t>(i) * (areas_->area_bytes(peer) / kSlots / 64 * 64);
+  }
+  // The staging areas of this rank and of the same-host peers it maps (transfer.h).
+  PeerAreas& areas() { return *areas_; }
   // A free slot, now taken, or -1.
   int take_slot();
   void free_slot(int i) { slot_taken_[static_cast<size_t>(i)] = false; }

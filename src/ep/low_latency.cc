@@ -86,8 +86,7 @@ struct DispatchPlan {
   size_t payload = 0;
   size_t record = 0;
   size_t message = 0;
-  char* send = nullptr;  // the slot's areas: n messages each
-  char* recv = nullptr;
+  char* recv = nullptr;  // the slot's receive area: n messages
 };
 
 // A free slot of `b` into *slot, or the refusal of a third call in flight.
@@ -99,9 +98,10 @@ Status take_slot(Buffer& b, int* slot) {
 }
 
 // The routing and size checks, a slot taken, and the agreement of every rank: OK with *slot
-// taken, or the call's refusal with no slot taken.
+// taken (*same_slot: every rank took that slot number), or the call's refusal with no slot
+// taken.
 Status agree_dispatch(Buffer& b, const chorusEpLowLatencyDispatchArgs_t& args, int datatype,
-                      Status st, int* slot) {
+                      Status st, int* slot, bool* same_slot) {
   if (st.ok()) st = check_routing(args.topkIdx, args.numTokens, args.topk, args.numExperts);
   if (st.ok()) {
     auto hint = low_latency_size_hint(b.nranks(), args.maxTokensPerRank, args.hidden,
@@ -119,23 +119,28 @@ Status agree_dispatch(Buffer& b, const chorusEpLowLatencyDispatchArgs_t& args, i
   // The FP8 scale kind: 0 float, 1 roundScale, 2 UE8M0; no constraint without FP8.
   int64_t scale_kind = Buffer::kAnyValue;
   if (args.useFp8 != 0) scale_kind = args.useUe8m0 != 0 ? 2 : args.roundScale != 0 ? 1 : 0;
+  std::vector<int64_t> slots;
   Status agreed =
       b.agree("chorusEpLowLatencyDispatch", std::move(st),
               {static_cast<int64_t>(args.hidden), args.topk, args.numExperts,
                static_cast<int64_t>(args.maxTokensPerRank), datatype, args.useFp8 != 0, scale_kind},
               {"hidden", "topk", "numExperts", "maxTokensPerRank", "datatype", "useFp8",
-               "the FP8 scale kind (float, roundScale, useUe8m0)"});
+               "the FP8 scale kind (float, roundScale, useUe8m0)"},
+              *slot, &slots);
   if (!agreed.ok() && *slot >= 0) b.free_slot(*slot);
+  *same_slot = agreed.ok() && std::all_of(slots.begin(), slots.end(),
+                                          [&](int64_t v) { return v == *slot; });
   return agreed;
 }
 
 // Writes every token once per rank of its experts, in token order, into that rank's message
-// in p.send, with the message headers; h.sent_* receive the (token, slot) pairs each rank gets.
+// at msg[rank], with the message headers; h.sent_* receive the (token, slot) pairs each rank
+// gets.
 void pack_dispatch(const DispatchPlan& p, const chorusEpLowLatencyDispatchArgs_t& args,
-                   const kernels::BlockCodec& codec, LowLatencyHandle& h) {
+                   const kernels::BlockCodec& codec, const std::vector<char*>& msg,
+                   LowLatencyHandle& h) {
   const auto n = static_cast<size_t>(p.nranks);
   const auto k = static_cast<size_t>(p.topk);
-  char* send = p.send;
   std::vector<size_t> count(n, 0);
   std::vector<std::vector<size_t>> pairs(n);
   std::vector<int32_t> local(k);
@@ -154,7 +159,7 @@ void pack_dispatch(const DispatchPlan& p, const chorusEpLowLatencyDispatchArgs_t
     for (int q : ranks) {
       const auto u = static_cast<size_t>(q);
       seen[u] = 0;
-      char* rec = send + u * p.message + kHeader + count[u]++ * p.record;
+      char* rec = msg[u] + kHeader + count[u]++ * p.record;
       const char* x = static_cast<const char*>(args.x) + t * x_row;
       if (first != nullptr)
         std::memcpy(rec, first, p.payload);
@@ -176,7 +181,7 @@ void pack_dispatch(const DispatchPlan& p, const chorusEpLowLatencyDispatchArgs_t
   h.sent_offset.assign(n + 1, 0);
   for (size_t q = 0; q < n; ++q) {
     const auto c = static_cast<int64_t>(count[q]);
-    std::memcpy(send + q * p.message, &c, sizeof(c));
+    std::memcpy(msg[q], &c, sizeof(c));
     h.sent_pairs.insert(h.sent_pairs.end(), pairs[q].begin(), pairs[q].end());
     h.sent_offset[q + 1] = h.sent_pairs.size();
   }
@@ -195,7 +200,7 @@ Status unpack_dispatch(const DispatchPlan& p, const chorusEpLowLatencyDispatchOu
   h.recv_offset.assign(static_cast<size_t>(p.nranks) + 1, 0);
   h.recv_rows.clear();
   for (int s = 0; s < p.nranks; ++s) {
-    const char* msg = (s == p.rank ? p.send : p.recv) + static_cast<size_t>(s) * p.message;
+    const char* msg = p.recv + static_cast<size_t>(s) * p.message;
     int64_t n = 0;
     std::memcpy(&n, msg, sizeof(n));
     if (n < 0 || static_cast<size_t>(n) > p.max_tokens)
@@ -250,6 +255,7 @@ LowLatencyCall::~LowLatencyCall() {
 Status LowLatencyCall::complete() {
   const ncclResult_t r = chorusStreamSynchronize(stream_);
   if (r != ncclSuccess) return from_nccl(r, "EP low-latency transfer");
+  if (step_ != 0) CHORUS_RETURN_IF_ERROR(buffer_->areas().wait_written(step_, call_));
   return finish_();
 }
 
@@ -280,8 +286,13 @@ Status low_latency_dispatch(const std::shared_ptr<Buffer>& buffer,
                             std::shared_ptr<LowLatencyHandle>* handle,
                             std::unique_ptr<LowLatencyCall>* call) {
   Buffer& b = *buffer;
+  // Every rank's first call maps the staging areas of its same-host peers (collective).
+  if (!b.areas().connected()) CHORUS_RETURN_IF_ERROR(b.areas().connect());
   int slot = -1;
-  CHORUS_RETURN_IF_ERROR(agree_dispatch(b, args, datatype, std::move(st), &slot));
+  bool same_slot = false;
+  CHORUS_RETURN_IF_ERROR(agree_dispatch(b, args, datatype, std::move(st), &slot, &same_slot));
+  // On every rank (normal-mode calls count steps too), before anything can fail here.
+  const uint64_t step = b.areas().begin_step();
   const bool fp8 = args.useFp8 != 0;
   DispatchPlan p;
   p.rank = b.rank();
@@ -301,7 +312,6 @@ Status low_latency_dispatch(const std::shared_ptr<Buffer>& buffer,
   const auto n = static_cast<size_t>(p.nranks);
   char* send = b.slot(slot);
   char* recv = send + n * p.message;
-  p.send = send;
   p.recv = recv;
 
   auto h = std::make_shared<LowLatencyHandle>();
@@ -314,12 +324,39 @@ Status low_latency_dispatch(const std::shared_ptr<Buffer>& buffer,
   const auto k = static_cast<size_t>(args.topk);
   h->topk_idx.assign(args.topkIdx, args.topkIdx + args.numTokens * k);
 
-  pack_dispatch(p, args, codec, *h);
+  // Where each rank's message is written: this rank's own straight into its receive area; a
+  // same-host rank's it maps, on the same slot, into that rank's receive area where it reads
+  // it (after the messages of the ranks below this one); the others' into the send area.
+  PeerAreas& areas = b.areas();
+  const size_t me = static_cast<size_t>(p.rank);
+  std::vector<char*> msg(n);
+  std::vector<uint8_t> mapped(n, 0);
+  for (size_t q = 0; q < n; ++q) {
+    const int peer = static_cast<int>(q);
+    if (q == me) {
+      msg[q] = recv + me * p.message;
+    } else if (same_slot && areas.writes_into(peer)) {
+      msg[q] = b.peer_slot(peer, slot) + n * p.message + me * p.message;
+      mapped[q] = 1;
+    } else {
+      msg[q] = send + q * p.message;
+    }
+  }
+  pack_dispatch(p, args, codec, msg, *h);
+  bool written_by = false;  // a same-host rank writes into this rank's slot
   std::vector<SendMsg> sends;
   std::vector<RecvMsg> recvs;
   for (size_t q = 0; q < n; ++q) {
-    sends.push_back({static_cast<int>(q), send + q * p.message, p.message});
-    recvs.push_back({static_cast<int>(q), recv + q * p.message, p.message});
+    const int peer = static_cast<int>(q);
+    if (q == me) continue;
+    if (mapped[q] != 0)
+      areas.mark_written(peer, step);
+    else
+      sends.push_back({peer, msg[q], p.message});
+    if (same_slot && areas.written_by(peer))
+      written_by = true;
+    else
+      recvs.push_back({peer, recv + q * p.message, p.message});
   }
 
   auto stream = new_stream();
@@ -328,7 +365,8 @@ Status low_latency_dispatch(const std::shared_ptr<Buffer>& buffer,
     return stream.take_status();
   }
   auto posted = std::make_unique<LowLatencyCall>(
-      buffer, slot, stream.value(), [p, out, h]() { return unpack_dispatch(p, out, *h); });
+      buffer, slot, stream.value(), [p, out, h]() { return unpack_dispatch(p, out, *h); },
+      written_by ? step : 0, "chorusEpLowLatencyDispatch");
   CHORUS_RETURN_IF_ERROR(post_remote(b.comm(), b.rank(), sends, recvs, stream.value()));
   *handle = std::move(h);
   *call = std::move(posted);

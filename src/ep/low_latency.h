@@ -4,11 +4,20 @@
 // an EP buffer's two slots (buffer.h).
 //
 // Dispatch: check the routing (ranges, no expert twice per token) -> the ranks agree on the
-// verdict and on every size that shapes a message -> a slot is taken -> each token packed once
-// per rank of its experts (FP8-cast by the block codec, kernels/compress) into that rank's
-// fixed-size message [int64 count | records] in the slot's send area -> grouped ncclSend/ncclRecv
-// of every message queued on a host stream of the call's own. Completion (at once, or in the
-// hook) synchronises the stream and fans the records out to the local experts' rows.
+// verdict and on every size that shapes a message, and learn each other's slot -> a slot is
+// taken -> each token packed once per rank of its experts (FP8-cast by the block codec,
+// kernels/compress) into that rank's fixed-size message [int64 count | records]: straight into
+// the receive area of the same slot of a same-host rank this one maps (transfer.h PeerAreas), at
+// the place that rank reads it, then marked written; into this rank's own receive area for
+// itself; into the slot's send area for the others -> grouped ncclSend/ncclRecv of those
+// messages queued on a host stream of the call's own. Completion (at once, or in the hook)
+// synchronises the stream, waits until the same-host writers have marked the call's step, and
+// fans the records out to the local experts' rows.
+// Mapped writes need both ends on the same slot: each rank takes its lowest free slot, so ranks
+// whose hooks ran in different orders may hold different ones. The agreement gathers every
+// rank's slot; when they differ the call sends every message but its own through the
+// communicator. A rank takes a slot only once its last call there has completed (read it all),
+// and writers write only after the agreement, so a write never lands in a slot still read.
 // Combine: the rows of each source rank gathered from x into the send area, in the order the
 // source sent its (token, expert) pairs -> exact-size messages queued the same way ->
 // completion adds them up per token, weighted, in slot order.
@@ -51,9 +60,16 @@ struct LowLatencyHandle {
 // A call whose messages are posted: complete() waits for them and writes the call's outputs.
 class LowLatencyCall {
  public:
+  // `step` (not 0): same-host ranks write into this rank's slot and mark `step` (PeerAreas);
+  // complete() waits for them. `call` names the operation in errors.
   LowLatencyCall(std::shared_ptr<Buffer> buffer, int slot, chorusStream_t stream,
-                 std::function<Status()> finish)
-      : buffer_(std::move(buffer)), slot_(slot), stream_(stream), finish_(std::move(finish)) {}
+                 std::function<Status()> finish, uint64_t step = 0, const char* call = "")
+      : buffer_(std::move(buffer)),
+        slot_(slot),
+        stream_(stream),
+        finish_(std::move(finish)),
+        step_(step),
+        call_(call) {}
   LowLatencyCall(const LowLatencyCall&) = delete;
   LowLatencyCall& operator=(const LowLatencyCall&) = delete;
   // Frees the slot and the stream (waiting for the stream if complete() was not called).
@@ -66,6 +82,8 @@ class LowLatencyCall {
   int slot_;
   chorusStream_t stream_;
   std::function<Status()> finish_;
+  uint64_t step_;
+  const char* call_;
 };
 
 // The size hint (ep.h): two slots, each the larger of a dispatch's and a combine's areas.
