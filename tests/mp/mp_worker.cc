@@ -34,8 +34,12 @@
 //                                         CHORUS_TEST_EP_ZERO_COPY=1 this rank must have sent
 //                                         and received EP tokens zero copy (its staging area
 //                                         is registered).
-//   chorus_mp_worker ep-ll                the same in low-latency mode (ep_ll_check.h), and two
-//                                         micro-batches in flight with hooks; the same verbs
+//   chorus_mp_worker ep-ll                the same in low-latency mode (ep_ll_check.h), two
+//                                         micro-batches in flight with hooks, and (with a
+//                                         forced CHORUS_TRANSPORT) the bytes the communicator
+//                                         carried: none of a dispatch's messages over SHM
+//                                         (written into the peers' buffers), all of them
+//                                         otherwise or when the ranks' slots differ; the same verbs
 //                                         counters (its messages are all under the default
 //                                         CHORUS_IB_RDV_BYTES: zero copy only below it).
 //   chorus_mp_worker topology file|measured|refused
@@ -49,6 +53,7 @@
 #include <chorus/compress.h>
 #include <chorus/launch.h>
 #include <fmt/format.h>
+#include <strings.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -545,7 +550,16 @@ int main(int argc, char** argv) {
 #if CHORUS_MP_VERBS
     const chorus::verbs::ByteCounts before = chorus::verbs::process_byte_counts();
 #endif
+    // A forced transport: shared memory (one host) maps the peers' buffers unless
+    // CHORUS_EP_MAP=0; any other carries everything itself.
+    const char* transport = std::getenv("CHORUS_TRANSPORT");
+    const char* map = std::getenv("CHORUS_EP_MAP");
+    const bool forced = transport != nullptr && strcasecmp(transport, "auto") != 0 &&
+                        strcasecmp(transport, "direct") != 0;
+    const bool mapped = forced && strcasecmp(transport, "shm") == 0 &&
+                        !(map != nullptr && std::strcmp(map, "0") == 0);
     std::string f = check_ep_ll_matrix(comm, 4343) + check_ep_ll_hooks(comm, 4344) +
+                    (forced ? check_ep_ll_paths(comm, 4345, mapped) : "") +
                     check_ep_ll_bad_input(comm);
 #if CHORUS_MP_VERBS
     f += check_ep_zero_copy(rank, before);

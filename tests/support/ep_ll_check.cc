@@ -7,6 +7,7 @@
 #include "support/ep_ll_check.h"
 #include "support/ep_routing.h"
 
+#include <chorus/compress.h>
 #include <chorus/ep.h>
 #include <fmt/format.h>
 
@@ -548,6 +549,81 @@ std::string check_ep_ll_hooks(ncclComm_t comm, uint64_t seed) {
       f = "handle destroy\n";
   if (chorusEpBufferDestroy(b) != ncclSuccess && f.empty()) f = "buffer destroy\n";
   return f.empty() ? "" : "two micro-batches: " + f;
+}
+
+namespace {
+
+// Data bytes this rank's communicator sent, to every peer.
+unsigned long long comm_bytes_sent(ncclComm_t comm) {
+  chorusByteCounters_t c{};
+  if (chorusCommGetByteCounters(comm, -1, &c) != ncclSuccess) return ~0ull;
+  return c.dataBytesSent;
+}
+
+}  // namespace
+
+std::string check_ep_ll_paths(ncclComm_t comm, uint64_t seed, bool mapped) {
+  int rank = 0, nranks = 0;
+  if (ncclCommUserRank(comm, &rank) != ncclSuccess || ncclCommCount(comm, &nranks) != ncclSuccess)
+    return "comm query failed\n";
+  if (nranks < 2) return "";
+  // Messages of 256 KiB: the agreements' few hundred bytes are far below one.
+  LlCase c = small_case(seed);
+  c.hidden = 1024, c.max_tokens = 64;
+  const size_t record = (c.hidden * 4 + 4 + 4 * static_cast<size_t>(c.topk) + 7) / 8 * 8;
+  const unsigned long long message = 8 + c.max_tokens * record;  // ep.h, Cost
+  const unsigned long long peers = static_cast<unsigned long long>(nranks) - 1;
+  LlCase cb = c, cc = c;
+  cb.seed = seed + 1, cb.routing = Routing::kSkewed;
+  cc.seed = seed + 2, cc.routing = Routing::kMinusOneSlots;
+  Run w = make_run(c, rank, nranks), a = make_run(c, rank, nranks), bb = make_run(cb, rank, nranks),
+      cr = make_run(cc, rank, nranks);
+  chorusEpBuffer_t b = nullptr;
+  std::string f = make_buffer(comm, hint(c, nranks), &b);
+  const auto expect = [&](const char* what, unsigned long long sent, unsigned long long low,
+                          unsigned long long high) {
+    if (sent < low || sent >= high)
+      f += fmt::format("{}: the communicator sent {} bytes, expected [{}, {}) ({} path, messages "
+                       "of {} bytes)\n",
+                       what, sent, low, high, mapped ? "mapped" : "communicator", message);
+  };
+  // Blocking (the first call also maps the peers' buffers).
+  unsigned long long before = comm_bytes_sent(comm);
+  if (f.empty()) f = dispatch(b, w, nullptr);
+  if (f.empty()) {
+    const unsigned long long sent = comm_bytes_sent(comm) - before;
+    if (mapped)
+      expect("a blocking dispatch", sent, 0, message / 2);
+    else
+      expect("a blocking dispatch", sent, peers * message, peers * message + message / 2);
+  }
+  if (f.empty()) f = check_received(w);
+  // A and B on slots 0 and 1 everywhere; then even ranks wait A, odd ranks B, so C takes slot 0
+  // on even ranks and 1 on odd ones: it must go through the communicator (a write into the
+  // slot of an odd rank would land on A's rows, not yet read there).
+  chorusEpHook_t ha = nullptr, hb = nullptr, hc = nullptr;
+  before = comm_bytes_sent(comm);
+  if (f.empty()) f = dispatch(b, a, &ha);
+  if (f.empty()) f = dispatch(b, bb, &hb);
+  const bool even = rank % 2 == 0;
+  if (f.empty()) f = even ? wait(ha, "hook A") : wait(hb, "hook B");
+  if (f.empty()) f = dispatch(b, cr, &hc);
+  if (f.empty()) f = even ? wait(hb, "hook B") : wait(ha, "hook A");
+  if (f.empty()) f = wait(hc, "hook C");
+  if (f.empty()) {
+    const unsigned long long sent = comm_bytes_sent(comm) - before;
+    if (mapped)  // C's messages only
+      expect("dispatches A, B (same slots) and C (different slots)", sent, peers * message,
+             peers * message + message / 2);
+    else
+      expect("dispatches A, B and C", sent, 3 * peers * message, 3 * peers * message + message / 2);
+  }
+  if (f.empty()) f = check_received(a) + check_received(bb) + check_received(cr);
+  for (Run* r : {&w, &a, &bb, &cr})
+    if (r->handle != nullptr && chorusEpHandleDestroy(r->handle) != ncclSuccess && f.empty())
+      f = "handle destroy\n";
+  if (b != nullptr && chorusEpBufferDestroy(b) != ncclSuccess && f.empty()) f = "buffer destroy\n";
+  return f.empty() ? "" : "low-latency data paths: " + f;
 }
 
 std::string check_ep_ll_bad_input(ncclComm_t comm) {
