@@ -288,12 +288,12 @@ ncclResult_t chorusEpHandleDestroy(chorusEpHandle_t handle);
  * (hidden * 2 or 4, or hidden + hidden / 128 * 4 or 1 with FP8) + 4 + 4 * topk), whatever the
  * number of tokens for that peer: nranks * that per dispatch, sent and received, with each token
  * travelling once per rank (not once per expert) and fanned out to the rank's experts on
- * arrival. A rank writes its message to itself, and to each same-host rank whose buffer it maps
- * (shared memory: not with CHORUS_EP_MAP=0 or a forced transport without it), straight into the
- * receiver's buffer instead of sending it, as long as every rank holds the same slot for the call
- * (hooks waited in different orders can leave ranks on different slots: that call sends every
- * message but a rank's own through the communicator). Combine knows its counts from the handle and sends exactly one row per (token,
- * expert) pair.
+ * arrival. Combine knows its counts from the handle and sends exactly one row per (token,
+ * expert) pair. Both write what is for the rank itself, and for each same-host rank whose buffer
+ * they map (shared memory: not with CHORUS_EP_MAP=0 or a forced transport without it), straight
+ * into the receiver's buffer instead of sending it, as long as every rank holds the same slot for
+ * the call (hooks waited in different orders can leave ranks on different slots: that call sends
+ * everything but a rank's own part through the communicator).
  *
  * Checks and errors follow the normal mode's rules (agreement before any token moves; a call
  * refused on one rank is refused on every rank; the communicator stays usable): more than

@@ -105,21 +105,22 @@ int Buffer::take_slot() {
 }
 
 Status Buffer::agree(const char* call, Status mine, const std::vector<int64_t>& facts,
-                     const std::vector<const char*>& names, int64_t value,
+                     const std::vector<const char*>& names, const std::vector<int64_t>& extra,
                      std::vector<int64_t>* values) {
-  // [verdict | facts | value, if any]
-  const size_t extra = values != nullptr ? 1 : 0;
-  const size_t width = facts.size() + 1 + extra;
+  // [verdict | facts | extra]
+  const size_t width = 1 + facts.size() + extra.size();
   std::vector<int64_t> all(width * static_cast<size_t>(nranks_));
   std::vector<int64_t> row(width);
   row[0] = mine.ok() ? 0 : 1;
   std::copy(facts.begin(), facts.end(), row.begin() + 1);
-  if (extra != 0) row[width - 1] = value;
+  std::copy(extra.begin(), extra.end(), row.begin() + 1 + static_cast<ptrdiff_t>(facts.size()));
   ncclResult_t r = ncclAllGather(row.data(), all.data(), width, ncclInt64, comm_, nullptr);
   if (r != ncclSuccess) return from_nccl(r, "ncclAllGather of the EP verdicts");
   if (values != nullptr) {
-    values->resize(static_cast<size_t>(nranks_));
-    for (size_t q = 0; q < values->size(); ++q) (*values)[q] = all[q * width + width - 1];
+    values->clear();
+    for (size_t q = 0; q < static_cast<size_t>(nranks_); ++q)
+      values->insert(values->end(), all.begin() + static_cast<ptrdiff_t>(q * width + 1 + facts.size()),
+                     all.begin() + static_cast<ptrdiff_t>((q + 1) * width));
   }
   if (!mine.ok()) return mine;
   std::string refused;

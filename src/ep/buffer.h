@@ -85,11 +85,11 @@ class Buffer {
 
   // Every rank's verdict, and `facts` (values that must be equal on every rank, named by
   // `names`; kAnyValue on a rank: no constraint there), gathered; the call's Status here.
-  // `values` (not null): every rank's `value` (no constraint on it), gathered in the same
-  // collective, in rank order.
+  // `values` (not null): every rank's `extra` (as many on every rank, no constraint on them),
+  // gathered in the same collective, rank after rank.
   static constexpr int64_t kAnyValue = INT64_MIN;
   Status agree(const char* call, Status mine, const std::vector<int64_t>& facts,
-               const std::vector<const char*>& names, int64_t value = kAnyValue,
+               const std::vector<const char*>& names, const std::vector<int64_t>& extra = {},
                std::vector<int64_t>* values = nullptr);
 
   // Low-latency mode (low_latency.h) uses the staging area as two slots of bytes() / 2 (64-byte

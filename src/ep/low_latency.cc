@@ -126,7 +126,7 @@ Status agree_dispatch(Buffer& b, const chorusEpLowLatencyDispatchArgs_t& args, i
                static_cast<int64_t>(args.maxTokensPerRank), datatype, args.useFp8 != 0, scale_kind},
               {"hidden", "topk", "numExperts", "maxTokensPerRank", "datatype", "useFp8",
                "the FP8 scale kind (float, roundScale, useUe8m0)"},
-              *slot, &slots);
+              {*slot}, &slots);
   if (!agreed.ok() && *slot >= 0) b.free_slot(*slot);
   *same_slot = agreed.ok() && std::all_of(slots.begin(), slots.end(),
                                           [&](int64_t v) { return v == *slot; });
@@ -378,38 +378,83 @@ Status low_latency_combine(const std::shared_ptr<Buffer>& buffer,
                            int datatype, const float* topk_weights, void* combined_x, Status st,
                            std::unique_ptr<LowLatencyCall>* call) {
   Buffer& b = *buffer;
+  const auto n = static_cast<size_t>(b.nranks());
+  const auto me = static_cast<size_t>(b.rank());
   int slot = -1;
   if (st.ok()) st = take_slot(b, &slot);
-  Status agreed = b.agree("chorusEpLowLatencyCombine", std::move(st), {datatype}, {"datatype"});
+  // The shape of the handles (the same dispatch on every rank), and what the senders need to
+  // write into this rank's slot: the slot, and where each rank's rows go in its receive area.
+  const LowLatencyHandle* hp = st.ok() ? handle.get() : nullptr;
+  const auto fact = [&](size_t v) { return hp != nullptr ? static_cast<int64_t>(v) : Buffer::kAnyValue; };
+  std::vector<int64_t> extra(n + 2, -1);
+  extra[0] = slot;
+  for (size_t q = 0; hp != nullptr && q <= n; ++q) extra[q + 1] = static_cast<int64_t>(hp->sent_offset[q]);
+  std::vector<int64_t> values;  // [rank][slot | sent_offset 0 .. n]
+  Status agreed = b.agree(
+      "chorusEpLowLatencyCombine", std::move(st),
+      {datatype, fact(hp != nullptr ? hp->hidden : 0), fact(hp != nullptr ? hp->max_tokens : 0),
+       fact(hp != nullptr ? static_cast<size_t>(hp->topk) : 0),
+       fact(hp != nullptr ? static_cast<size_t>(hp->num_experts) : 0)},
+      {"datatype", "the dispatch's hidden", "the dispatch's maxTokensPerRank", "the dispatch's topk",
+       "the dispatch's numExperts"},
+      extra, &values);
   if (!agreed.ok()) {
     if (slot >= 0) b.free_slot(slot);
     return agreed;
   }
+  const auto value = [&](size_t q, size_t i) { return values[q * (n + 2) + i]; };
+  bool same_slot = true;
+  for (size_t q = 0; q < n; ++q) same_slot = same_slot && value(q, 0) == slot;
+  const uint64_t step = b.areas().begin_step();  // on every rank, as dispatch
 
   const LowLatencyHandle& h = *handle;
-  const auto n = static_cast<size_t>(b.nranks());
-  const auto me = static_cast<size_t>(b.rank());
   const auto k = static_cast<size_t>(h.topk);
   const size_t row = h.hidden * elem_size(datatype);
-  // [rows back to each source rank, in its message order] [rows coming back, per rank]
+  // [rows back to each source rank, in its message order (room for max_tokens * min(topk, L)
+  // per rank)] [rows coming back, per rank, at its sent_offset]: the same place on every rank.
+  const size_t local = static_cast<size_t>(h.num_experts) / n;
+  const size_t send_rows = n * h.max_tokens * std::min(k, local);
   char* send = b.slot(slot);
-  char* recv = send + align64(h.recv_rows.size() * row);
-  for (size_t i = 0; i < h.recv_rows.size(); ++i)
-    std::memcpy(send + i * row, static_cast<const char*>(x) + h.recv_rows[i] * row, row);
+  char* recv = send + align64(send_rows * row);
+  PeerAreas& areas = b.areas();
   std::vector<SendMsg> sends;
   std::vector<RecvMsg> recvs;
+  bool written_by = false;  // a same-host rank writes into this rank's slot
   for (size_t q = 0; q < n; ++q) {
+    const int peer = static_cast<int>(q);
     const size_t r0 = h.recv_offset[q], rn = h.recv_offset[q + 1] - r0;
     const size_t s0 = h.sent_offset[q], sn = h.sent_offset[q + 1] - s0;
-    sends.push_back({static_cast<int>(q), send + r0 * row, rn * row});
-    recvs.push_back({static_cast<int>(q), recv + s0 * row, sn * row});
+    // This rank's rows for q: straight where q reads them (itself; a same-host rank it maps,
+    // on the same slot), or into the send area.
+    const bool mapped = q != me && same_slot && areas.writes_into(peer);
+    char* dst = send + r0 * row;
+    if (q == me) {
+      dst = recv + s0 * row;
+    } else if (mapped) {
+      const auto at = static_cast<size_t>(value(q, me + 1));
+      if (at + rn > h.max_tokens * k || static_cast<size_t>(value(q, me + 2)) - at != rn) {
+        b.free_slot(slot);
+        return internal_error(
+            "EP low-latency combine: rank {} expects {} rows from rank {} at row {}, which sends {}",
+            q, value(q, me + 2) - value(q, me + 1), me, at, rn);
+      }
+      dst = b.peer_slot(peer, slot) + (recv - send) + at * row;
+    }
+    for (size_t i = 0; i < rn; ++i)
+      std::memcpy(dst + i * row, static_cast<const char*>(x) + h.recv_rows[r0 + i] * row, row);
+    if (q == me) continue;
+    if (mapped)
+      areas.mark_written(peer, step);
+    else
+      sends.push_back({peer, dst, rn * row});
+    if (same_slot && areas.written_by(peer))
+      written_by = true;
+    else
+      recvs.push_back({peer, recv + s0 * row, sn * row});
   }
-  // Where the row of each (token, slot) pair will be: received, or this rank's own rows.
+  // Where the row of each (token, slot) pair will be.
   std::vector<const char*> where(h.num_tokens * k, nullptr);
-  for (size_t q = 0; q < n; ++q)
-    for (size_t i = h.sent_offset[q]; i < h.sent_offset[q + 1]; ++i)
-      where[h.sent_pairs[i]] =
-          q == me ? send + (h.recv_offset[me] + i - h.sent_offset[q]) * row : recv + i * row;
+  for (size_t i = 0; i < h.sent_pairs.size(); ++i) where[h.sent_pairs[i]] = recv + i * row;
   std::vector<float> weights(topk_weights, topk_weights + h.num_tokens * k);
 
   auto stream = new_stream();
@@ -445,7 +490,8 @@ Status low_latency_combine(const std::shared_ptr<Buffer>& buffer,
     }
     return Status();
   };
-  auto posted = std::make_unique<LowLatencyCall>(buffer, slot, stream.value(), std::move(finish));
+  auto posted = std::make_unique<LowLatencyCall>(buffer, slot, stream.value(), std::move(finish),
+                                                 written_by ? step : 0, "chorusEpLowLatencyCombine");
   CHORUS_RETURN_IF_ERROR(post_remote(b.comm(), b.rank(), sends, recvs, stream.value()));
   *call = std::move(posted);
   return Status();

@@ -18,9 +18,13 @@
 // rank's slot; when they differ the call sends every message but its own through the
 // communicator. A rank takes a slot only once its last call there has completed (read it all),
 // and writers write only after the agreement, so a write never lands in a slot still read.
-// Combine: the rows of each source rank gathered from x into the send area, in the order the
-// source sent its (token, expert) pairs -> exact-size messages queued the same way ->
-// completion adds them up per token, weighted, in slot order.
+// Combine: the ranks agree on the handles' shape and gather each other's slot and where each
+// source rank's rows go in their receive areas (their sent offsets) -> the rows of each source
+// rank gathered from x, in the order the source sent its (token, expert) pairs, straight into
+// its receive area (itself; a same-host rank it maps, on the same slot), or into the send area
+// (at a fixed offset: room for max_tokens * min(topk, L) rows per rank) for exact-size messages
+// queued the same way -> completion waits as dispatch's and adds them up per token, weighted,
+// in slot order.
 #pragma once
 
 #include <chorus/ep.h>
