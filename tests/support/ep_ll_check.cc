@@ -598,6 +598,28 @@ std::string check_ep_ll_paths(ncclComm_t comm, uint64_t seed, bool mapped) {
       expect("a blocking dispatch", sent, peers * message, peers * message + message / 2);
   }
   if (f.empty()) f = check_received(w);
+  // Combine sends one row of hidden * 4 bytes back per row received from another rank.
+  const auto rows_back = [&](const Run& r) {
+    unsigned long long bytes = 0;
+    for (int e = 0; e < c.local_experts; ++e)
+      for (int j = 0; j < r.recv_count[static_cast<size_t>(e)]; ++j) {
+        const int64_t info = r.src_info[static_cast<size_t>(e) * r.rows() + static_cast<size_t>(j)];
+        if (info / static_cast<int64_t>(c.max_tokens) != rank) bytes += c.hidden * 4;
+      }
+    return bytes;
+  };
+  const unsigned long long back = rows_back(w);
+  const unsigned long long slack = 16384;  // the agreements' bytes, far below the rows
+  before = comm_bytes_sent(comm);
+  if (f.empty()) f = combine(b, w, nullptr);
+  if (f.empty()) {
+    const unsigned long long sent = comm_bytes_sent(comm) - before;
+    if (mapped)
+      expect("a blocking combine", sent, 0, slack);
+    else
+      expect("a blocking combine", sent, back, back + slack);
+  }
+  if (f.empty()) f = check_combined(w);
   // A and B on slots 0 and 1 everywhere; then even ranks wait A, odd ranks B, so C takes slot 0
   // on even ranks and 1 on odd ones: it must go through the communicator (a write into the
   // slot of an odd rank would land on A's rows, not yet read there).
@@ -619,6 +641,25 @@ std::string check_ep_ll_paths(ncclComm_t comm, uint64_t seed, bool mapped) {
       expect("dispatches A, B and C", sent, 3 * peers * message, 3 * peers * message + message / 2);
   }
   if (f.empty()) f = check_received(a) + check_received(bb) + check_received(cr);
+  // The same for combine: A and C on slots 0 and 1, even ranks wait A and odd ranks C, so B
+  // takes different slots and goes through the communicator.
+  before = comm_bytes_sent(comm);
+  if (f.empty()) f = combine(b, a, &ha);
+  if (f.empty()) f = combine(b, cr, &hc);
+  if (f.empty()) f = even ? wait(ha, "combine hook A") : wait(hc, "combine hook C");
+  if (f.empty()) f = combine(b, bb, &hb);
+  if (f.empty()) f = even ? wait(hc, "combine hook C") : wait(ha, "combine hook A");
+  if (f.empty()) f = wait(hb, "combine hook B");
+  if (f.empty()) {
+    const unsigned long long sent = comm_bytes_sent(comm) - before;
+    const unsigned long long all = rows_back(a) + rows_back(bb) + rows_back(cr);
+    if (mapped)  // B's rows only
+      expect("combines A, C (same slots) and B (different slots)", sent, rows_back(bb),
+             rows_back(bb) + slack);
+    else
+      expect("combines A, C and B", sent, all, all + slack);
+  }
+  if (f.empty()) f = check_combined(a) + check_combined(bb) + check_combined(cr);
   for (Run* r : {&w, &a, &bb, &cr})
     if (r->handle != nullptr && chorusEpHandleDestroy(r->handle) != ncclSuccess && f.empty())
       f = "handle destroy\n";

@@ -26,12 +26,14 @@ std::string check_ep_ll_matrix(ncclComm_t comm, uint64_t seed);
 // a normal-mode call refused with a hook pending, a handle combined before its hook refused.
 std::string check_ep_ll_hooks(ncclComm_t comm, uint64_t seed);
 
-// Where the dispatch messages go, from the bytes the communicator sent (chorusCommGetByteCounters):
-// with `mapped` (every rank on one host, mapping its peers: shared memory and CHORUS_EP_MAP not
-// 0), a dispatch sends none of its messages through the communicator (they are written into the
-// peers' buffers); without, each sends its nranks - 1 messages of fixed size (ep.h, Cost). And
-// ranks whose hooks ran in different orders hold different slots: the next dispatch sends
-// every message through the communicator in both cases, and every dispatch's rows arrive.
+// Where the dispatch messages and combine rows go, from the bytes the communicator sent
+// (chorusCommGetByteCounters): with `mapped` (every rank on one host, mapping its peers: shared
+// memory and CHORUS_EP_MAP not 0), a dispatch sends none of its messages and a combine none of
+// its rows through the communicator (they are written into the peers' buffers); without, a
+// dispatch sends its nranks - 1 messages of fixed size (ep.h, Cost) and a combine its rows for
+// other ranks. And ranks whose hooks ran in different orders hold different slots: the next
+// dispatch sends every message through the communicator in both cases, and every call's rows
+// arrive.
 std::string check_ep_ll_paths(ncclComm_t comm, uint64_t seed, bool mapped);
 
 // Bad input refused with ncclInvalidArgument on every rank (the culprit naming the token, slot
