@@ -18,6 +18,10 @@
 // Order: each step (a dispatch or a combine) begins with a collective on the communicator (the
 // count exchange, the agreement) that every rank enters only after it has finished reading its
 // staging area in the step before, so a writer never overwrites what a reader still reads.
+// Low-latency calls (low_latency.h) are steps too; with two in flight, each writes only into the
+// slot its agreement found every rank holding, which a rank takes only once its last call there
+// has been read. An arrival word holds the writer's latest step, and a writer's steps come in
+// order, so a word at or past a call's step means that call's writes are in.
 #pragma once
 
 #include <nccl.h>
