@@ -181,12 +181,6 @@ Status Arrivals::wait(size_t count) const {
 
 Status Arrivals::wait_done() const { return op_ == nullptr ? Status() : wait_op(op_); }
 
-Status exchange(ncclComm_t comm, int rank, const std::vector<SendMsg>& sends,
-                const std::vector<RecvMsg>& recvs) {
-  CHORUS_RETURN_IF_ERROR(copy_to_self(rank, sends, recvs));
-  return post_remote(comm, rank, sends, recvs, nullptr);
-}
-
 size_t PeerAreas::header_bytes() const {
   return (static_cast<size_t>(nranks_) * kWordStride + kPage - 1) / kPage * kPage;
 }

@@ -8,7 +8,7 @@
 // place the receiver reads them from, and raises its arrival word there; no pack, no FIFO, no
 // second copy on the way. Other hosts (or pairs that could not map each other, or
 // CHORUS_EP_MAP=0, or a CHORUS_TRANSPORT that forces a transport without shared memory): the
-// messages go as one group of ncclSend/ncclRecv on the buffer's communicator (exchange()).
+// messages go as one group of ncclSend/ncclRecv on the buffer's communicator (post_remote()).
 // The staging area is registered with the communicator (as by ncclCommRegister) when a
 // transport to a peer uses registered memory: over verbs, a message between two staging areas
 // of at least CHORUS_IB_RDV_BYTES is then RDMA-written by the sender's HCA straight into the
@@ -59,14 +59,11 @@ struct RecvMsg {
 // A failed call of the public API, with the calling thread's last error text.
 Status from_nccl(ncclResult_t r, const char* what);
 
-// Sends every message of `sends` to its peer and receives every message of `recvs` from its
-// peer; messages between the same pair of ranks match in the order given. Zero-byte messages
-// are skipped (both sides agree on them: the sizes come from the count exchange). A rank's
-// messages to itself are copied. Blocking; every rank calls it in the same collective step.
-Status exchange(ncclComm_t comm, int rank, const std::vector<SendMsg>& sends,
-                const std::vector<RecvMsg>& recvs);
-// exchange() in two parts: the messages to itself, copied now; and the messages to other ranks,
-// posted as one group on `stream` (NULL: waited for).
+// Messages between ranks: `sends` to their peers, `recvs` from theirs; messages between the same
+// pair of ranks match in the order given. Zero-byte messages are skipped (both sides agree on
+// them: the sizes come from the count exchange). Every rank posts its messages in the same
+// collective step. copy_to_self: the messages to itself, copied now. post_remote: the messages
+// to other ranks, posted as one group on `stream` (NULL: waited for).
 Status copy_to_self(int rank, const std::vector<SendMsg>& sends, const std::vector<RecvMsg>& recvs);
 Status post_remote(ncclComm_t comm, int rank, const std::vector<SendMsg>& sends,
                    const std::vector<RecvMsg>& recvs, cudaStream_t stream);
