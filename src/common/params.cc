@@ -114,10 +114,10 @@ IntParam kEpMap("EP_MAP", nullptr, 1, 0, 1,
                 "into the EP buffers of same-host receivers (one copy; unless CHORUS_TRANSPORT "
                 "forces a transport without shared memory); 0 = through the communicator");
 IntParam kEpPieceBytes("EP_PIECE_BYTES", nullptr, 1 << 20, 1, INT64_MAX,
-                       "MoE combine (chorus/ep.h): the rows between two ranks on different hosts "
-                       "travel in pieces of about this many bytes (at most 16), and the receiver "
-                       "sums the tokens of the pieces that arrived while the others travel; the "
-                       "same on every rank");
+                       "MoE dispatch and combine (chorus/ep.h): the records and rows between two "
+                       "ranks on different hosts travel in pieces of about this many bytes (at "
+                       "most 16), and the receiver unpacks or sums what arrived while the others "
+                       "travel; the same on every rank");
 IntParam kTimeoutMs("TIMEOUT_MS", nullptr, 300000, 1, INT64_MAX,
                     "a collective that makes no progress for this long fails naming the peer");
 IntParam kSpinUs("SPIN_US", nullptr, 50, 0, 1000000,

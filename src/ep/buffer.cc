@@ -204,10 +204,7 @@ Status Buffer::run(const char* call, Stream* stream, const std::shared_ptr<Move>
                    std::function<Status(Part)> stage, std::function<void()> early,
                    Finish finish) {
   CHORUS_RETURN_IF_ERROR(stage(Part::kNone));  // the messages
-  const bool remote = std::any_of(move->sends.begin(), move->sends.end(),
-                                  [&](const SendMsg& m) { return m.peer != rank_ && m.bytes > 0; }) ||
-                      std::any_of(move->recvs.begin(), move->recvs.end(),
-                                  [&](const RecvMsg& m) { return m.peer != rank_ && m.bytes > 0; });
+  const bool remote = any_travels(move->sends, move->recvs, rank_);
   if (stream == nullptr && !remote) {
     CHORUS_RETURN_IF_ERROR(stage(Part::kAll));
     CHORUS_RETURN_IF_ERROR(copy_to_self(rank_, move->sends, move->recvs));
@@ -536,7 +533,7 @@ Status Buffer::finish_dispatch(DispatchMove& m, const Arrivals& arrivals) {
   const char* recv_area = areas_->local();
   size_t arrival = 0;
   for (const RecvMsg& r : m.recvs) {
-    if (r.peer == rank_ || r.bytes == 0) continue;  // what Arrivals counts
+    if (!travels(r, rank_)) continue;  // what Arrivals counts
     ++arrival;
     const char* d = static_cast<const char*>(r.data);
     if (d >= m.forward_area) continue;  // a message to forward: below, once all are in
@@ -765,7 +762,7 @@ Status Buffer::finish_combine(const CombineMove& m, const Arrivals& arrivals) {
   {
     size_t arrival = 0;
     for (const RecvMsg& r : m.recvs) {
-      if (r.peer == rank_ || r.bytes == 0) continue;  // what Arrivals counts
+      if (!travels(r, rank_)) continue;  // what Arrivals counts
       ++arrival;
       const char* d = static_cast<const char*>(r.data);
       const bool is_rows = d < weights;

@@ -81,16 +81,18 @@ Status copy_to_self(int rank, const std::vector<SendMsg>& sends, const std::vect
   return Status();
 }
 
+bool any_travels(const std::vector<SendMsg>& sends, const std::vector<RecvMsg>& recvs, int rank) {
+  return std::any_of(sends.begin(), sends.end(), [&](const SendMsg& m) { return travels(m, rank); }) ||
+         std::any_of(recvs.begin(), recvs.end(), [&](const RecvMsg& m) { return travels(m, rank); });
+}
+
 namespace {
 
 // post_remote, and with `watch`: the batch reports its receives' arrival to it.
 Status post(ncclComm_t comm, int rank, const std::vector<SendMsg>& sends,
             const std::vector<RecvMsg>& recvs, cudaStream_t stream,
             std::function<void(size_t)> watch) {
-  const auto remote = [&](int peer, size_t bytes) { return peer != rank && bytes > 0; };
-  if (std::none_of(sends.begin(), sends.end(), [&](const SendMsg& s) { return remote(s.peer, s.bytes); }) &&
-      std::none_of(recvs.begin(), recvs.end(), [&](const RecvMsg& m) { return remote(m.peer, m.bytes); }))
-    return Status();
+  if (!any_travels(sends, recvs, rank)) return Status();
 
   ncclResult_t r = ncclGroupStart();
   if (r != ncclSuccess) return from_nccl(r, "ncclGroupStart");
@@ -105,13 +107,13 @@ Status post(ncclComm_t comm, int rank, const std::vector<SendMsg>& sends,
     }
   }
   for (const auto& s : sends) {
-    if (!remote(s.peer, s.bytes)) continue;
+    if (!travels(s, rank)) continue;
     posted = ncclSend(s.data, s.bytes, ncclUint8, s.peer, comm, stream);
     if (posted != ncclSuccess) break;
   }
   for (const auto& m : recvs) {
     if (posted != ncclSuccess) break;
-    if (!remote(m.peer, m.bytes)) continue;
+    if (!travels(m, rank)) continue;
     posted = ncclRecv(m.data, m.bytes, ncclUint8, m.peer, comm, stream);
   }
   // The group is closed whatever happened, so the communicator leaves group mode.
@@ -136,9 +138,8 @@ Result<std::shared_ptr<const Arrivals>> post_watched(ncclComm_t comm, int rank,
   Stream* s = Stream::from_handle(stream);
   if (s == nullptr) return internal_error("post_watched needs a live host stream");
   auto a = std::make_shared<Arrivals>();
-  a->total_ = static_cast<size_t>(std::count_if(recvs.begin(), recvs.end(), [&](const RecvMsg& m) {
-    return m.peer != rank && m.bytes > 0;
-  }));
+  a->total_ = static_cast<size_t>(
+      std::count_if(recvs.begin(), recvs.end(), [&](const RecvMsg& m) { return travels(m, rank); }));
   const std::shared_ptr<Op> before = s->last();
   CHORUS_RETURN_IF_ERROR(post(comm, rank, sends, recvs, stream, [count = a->count_](size_t n) {
     {

@@ -56,6 +56,15 @@ struct RecvMsg {
   size_t bytes;
 };
 
+// A message post_remote posts (and Arrivals counts): between this rank and another, of at
+// least one byte.
+template <typename Msg>
+bool travels(const Msg& m, int rank) {
+  return m.peer != rank && m.bytes > 0;
+}
+// True when any message of `sends` or `recvs` travels.
+bool any_travels(const std::vector<SendMsg>& sends, const std::vector<RecvMsg>& recvs, int rank);
+
 // A failed call of the public API, with the calling thread's last error text.
 Status from_nccl(ncclResult_t r, const char* what);
 
