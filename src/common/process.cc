@@ -34,14 +34,39 @@ void futex_wake_all(std::atomic<uint32_t>* word) {
   syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
 }
 
-void ring_doorbell(DoorbellWord* word) {
+namespace {
+// What CountedAsSleeper registered the calling thread as in its own process's doorbell.
+thread_local uint32_t t_self_sleeper = 0;
+thread_local uint32_t t_self_poller = 0;
+
+// ring_doorbell, not counting `self` sleepers (the calling thread, awake).
+void ring_doorbell_except(DoorbellWord* word, uint32_t self) {
   // Dekker with the sleeper (Idler::idle): it increments `sleepers`, then looks for work; we
   // published the work, then look for sleepers. The fence orders our publication before this
   // load, so either it sees the work or we see it. Nobody asleep: no write to the shared line.
   std::atomic_thread_fence(std::memory_order_seq_cst);
-  if (word->sleepers.load(std::memory_order_relaxed) == 0) return;
+  if (word->sleepers.load(std::memory_order_relaxed) <= self) return;
   word->seq.fetch_add(1, std::memory_order_seq_cst);
   futex_wake_all(&word->seq);
+}
+}  // namespace
+
+void ring_doorbell(DoorbellWord* word) { ring_doorbell_except(word, 0); }
+
+CountedAsSleeper::CountedAsSleeper(bool poller)
+    : poller_(poller), outer_(poller ? t_self_poller : t_self_sleeper) {
+  DoorbellWord* bell = ProcessContext::get().doorbell();
+  (poller_ ? bell->pollers : bell->sleepers).fetch_add(1, std::memory_order_seq_cst);
+  ++(poller_ ? t_self_poller : t_self_sleeper);
+  // Pairs with the fence in ring_doorbell: either the ringer sees us registered, or what we
+  // look at next sees what it published.
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+}
+
+CountedAsSleeper::~CountedAsSleeper() {
+  DoorbellWord* bell = ProcessContext::get().doorbell();
+  (poller_ ? t_self_poller : t_self_sleeper) = outer_;
+  (poller_ ? bell->pollers : bell->sleepers).fetch_sub(1, std::memory_order_seq_cst);
 }
 
 bool random_bytes(void* out, size_t bytes) {
@@ -130,8 +155,8 @@ ProcessContext& ProcessContext::get() {
 }
 
 void ProcessContext::ring_local() {
-  ring_doorbell(doorbell_);  // its fence also orders the pollers load below
-  if (doorbell_->pollers.load(std::memory_order_relaxed) != 0 && wake_fd_.valid()) {
+  ring_doorbell_except(doorbell_, t_self_sleeper);  // its fence also orders the load below
+  if (doorbell_->pollers.load(std::memory_order_relaxed) > t_self_poller && wake_fd_.valid()) {
     uint64_t one = 1;
     [[maybe_unused]] ssize_t n = write(wake_fd_.get(), &one, sizeof(one));
   }

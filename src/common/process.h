@@ -32,6 +32,23 @@ struct DoorbellWord {
 // Wakes the threads sleeping on `word` (ours or a peer process's).
 void ring_doorbell(DoorbellWord* word);
 
+// While alive, the calling thread counts itself among its own process's sleepers (`poller`
+// false) or pollers (true): Idler::idle holds one from registering until it has slept or found
+// work. ring_local() from this thread meanwhile wakes only the others: the thread is awake, and
+// waking itself would cost a futex wake or an eventfd write, then a spurious return from its
+// sleep and a read to drain the eventfd.
+class CountedAsSleeper {
+ public:
+  explicit CountedAsSleeper(bool poller);
+  ~CountedAsSleeper();
+  CountedAsSleeper(const CountedAsSleeper&) = delete;
+  CountedAsSleeper& operator=(const CountedAsSleeper&) = delete;
+
+ private:
+  const bool poller_;
+  const uint32_t outer_;  // what an enclosing one registered (nested drives)
+};
+
 class ProcessContext {
  public:
   // The context of the calling process (created on first use, and again after fork()).

@@ -49,21 +49,16 @@ void Idler::idle(const std::function<bool()>& retry,
   DoorbellWord* bell = process.doorbell();
   uint32_t seen = bell->seq.load(std::memory_order_seq_cst);
   if (fds_.empty()) {
-    bell->sleepers.fetch_add(1, std::memory_order_seq_cst);
-    // Pairs with the fence in ring_doorbell: either the ringer sees us asleep, or retry() sees
-    // what it published.
-    std::atomic_thread_fence(std::memory_order_seq_cst);
+    // Either the ringer sees us counted, or retry() sees what it published.
+    CountedAsSleeper counted(/*poller=*/false);
     if (!retry()) futex_wait(&bell->seq, seen, slice_ms);
-    bell->sleepers.fetch_sub(1, std::memory_order_seq_cst);
   } else {
-    bell->pollers.fetch_add(1, std::memory_order_seq_cst);
-    std::atomic_thread_fence(std::memory_order_seq_cst);  // as above, for ring_local()
+    CountedAsSleeper counted(/*poller=*/true);  // as above, for ring_local()
     if (!retry()) {
       fds_.push_back(pollfd{process.wake_fd(), POLLIN, 0});
       int n = poll(fds_.data(), fds_.size(), slice_ms);
       if (n > 0 && (fds_.back().revents & POLLIN)) process.drain_wake_fd();
     }
-    bell->pollers.fetch_sub(1, std::memory_order_seq_cst);
   }
 }
 
