@@ -710,6 +710,69 @@ TEST_CASE("verbs: registered sends are read in place; reducing receives reduce e
   CHECK(std::equal(want.begin() + 1, want.end(), acc.begin() + 1));
 }
 
+// A message that fits in an inline send (header and payload within the QP's inline data) has
+// its payload copied when posted: its send completes before the peer posts a receive (eager),
+// the counters say inline, and the data arrives intact. A longer message does not complete
+// before it is received, and an inline one queued behind it completes only after it (requests
+// complete in order).
+TEST_CASE("verbs: small messages go inline, their sends complete at once and in order",
+          "[rdma][verbs]") {
+  RdmaPair pair;
+  connect_pair(&pair, VerbsOptions{8, 8192});
+  const ByteCounts before = instance_byte_counts(*pair.inst[0]);
+  const std::vector<float> small = random_floats(2, 5), long_one = random_floats(1000, 6);
+  std::vector<float> got_small(small.size(), -1.0f), got_long(long_one.size(), -1.0f);
+  std::vector<float> got_small2(small.size(), -1.0f);
+  SendRequest s;
+  s.buf = small.data();
+  s.bytes = small.size() * sizeof(float);
+  s.tag = tag_of(1, small.size());
+  pair.conn(0)->post_send(&s);
+  Deadline deadline = Deadline::after_ms(20000);
+  while (!s.done() && !deadline.expired()) pair.conn(0)->progress();
+  REQUIRE(s.done());  // nobody has posted the receive yet
+  REQUIRE_FALSE(s.failed());
+  CHECK(instance_byte_counts(*pair.inst[0]).inline_sent - before.inline_sent == s.bytes);
+
+  // A message too long to go inline, then an inline one behind it.
+  SendRequest l, s2;
+  l.buf = long_one.data();
+  l.bytes = long_one.size() * sizeof(float);
+  l.tag = tag_of(2, long_one.size());
+  s2.buf = small.data();
+  s2.bytes = s.bytes;
+  s2.tag = tag_of(3, small.size());
+  pair.conn(0)->post_send(&l);
+  pair.conn(0)->post_send(&s2);
+  for (int i = 0; i < 200; ++i) {
+    pair.conn(0)->progress();
+    const bool out_of_order = s2.done() && !l.done();
+    REQUIRE_FALSE(out_of_order);
+  }
+
+  RecvRequest r, rl, r2;
+  r.dst = got_small.data();
+  r.bytes = s.bytes;
+  r.tag = s.tag;
+  rl.dst = got_long.data();
+  rl.bytes = l.bytes;
+  rl.tag = l.tag;
+  r2.dst = got_small2.data();
+  r2.bytes = s2.bytes;
+  r2.tag = s2.tag;
+  for (RecvRequest* q : {&r, &rl, &r2}) pair.conn(1)->post_recv(q);
+  REQUIRE(drive(pair, {&l, &s2, &r, &rl, &r2}));
+  for (Request* q : std::initializer_list<Request*>{&l, &s2, &r, &rl, &r2})
+    REQUIRE_FALSE(q->failed());
+  CHECK(got_small == small);
+  CHECK(got_long == long_one);
+  CHECK(got_small2 == small);
+  const ByteCounts after = instance_byte_counts(*pair.inst[0]);
+  CHECK(after.ring_sent - before.ring_sent == 2 * s.bytes + l.bytes);
+  CHECK(pair.conn(0)->idle());
+  CHECK(pair.conn(1)->idle());
+}
+
 // Rendezvous: a message of at least rdv_bytes from registered memory is announced; the
 // receiver answers with its buffer's address when that is registered too (the sender writes it
 // there: no byte through the ring), else the message follows through the ring. Eager and

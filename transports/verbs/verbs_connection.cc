@@ -116,14 +116,15 @@ bool VerbsConnection::post_wr(WrKind kind, ibv_wr_opcode opcode, uint32_t imm, i
 }
 
 bool VerbsConnection::post_write(uint32_t q, uint64_t wr_id, ibv_wr_opcode opcode, uint32_t imm,
-                                 ibv_sge* sge, int nsge, uint64_t remote_addr, uint32_t rkey) {
+                                 ibv_sge* sge, int nsge, uint64_t remote_addr, uint32_t rkey,
+                                 unsigned extra_flags) {
   ibv_send_wr wr{};
   ibv_send_wr* bad = nullptr;
   wr.wr_id = wr_id;
   wr.sg_list = sge;
   wr.num_sge = nsge;
   wr.opcode = opcode;
-  wr.send_flags = IBV_SEND_SIGNALED;
+  wr.send_flags = IBV_SEND_SIGNALED | extra_flags;
   wr.imm_data = htobe32(imm);
   if (opcode != IBV_WR_SEND_WITH_IMM) {
     wr.wr.rdma.remote_addr = remote_addr;

@@ -153,7 +153,7 @@ class VerbsConnection final : public Connection {
   bool post_wr(WrKind kind, ibv_wr_opcode opcode, uint32_t imm, ibv_sge* sge, int nsge,
                uint64_t remote_offset);
   bool post_write(uint32_t q, uint64_t wr_id, ibv_wr_opcode opcode, uint32_t imm, ibv_sge* sge,
-                  int nsge, uint64_t remote_addr, uint32_t rkey);
+                  int nsge, uint64_t remote_addr, uint32_t rkey, unsigned extra_flags = 0);
   bool post_receive(uint32_t q);
   // Which of our QPs `qp_num` is (nqps() when none).
   uint32_t qp_index(uint32_t qp_num) const;

@@ -92,6 +92,12 @@ bool VerbsConnection::send_slot(SendRequest* req) {
   const bool announce = send_phase_ == SendPhase::kFresh && mr != nullptr &&
                         s_.rdv_bytes > 0 && req->bytes >= s_.rdv_bytes;
   const size_t n = announce ? 0 : std::min(payload_bytes(), req->bytes - send_offset_);
+  // A message that fits in one inline send has its payload copied when it is posted: the
+  // caller's buffer is free at once, so the request completes now rather than when the write is
+  // acknowledged (an eager send, as NCCL's), unless an earlier request still waits for its
+  // writes (requests complete in order).
+  const bool inline_send = !announce && send_offset_ == 0 && n == req->bytes &&
+                           kSlotHeaderBytes + n <= s_.qp.max_inline;
   uint8_t* slot = tx_slot(tx_seq_);
   SlotHeader h{};
   h.magic = kSlotMagic;
@@ -120,7 +126,8 @@ bool VerbsConnection::send_slot(SendRequest* req) {
   // Slots go round robin over the QPs (each its own path through the network).
   if (!post_write(static_cast<uint32_t>(tx_seq_ % nqps()), kWrSlot | tx_seq_ << 8,
                   IBV_WR_RDMA_WRITE_WITH_IMM, slot_imm(tx_seq_), sge, nsge,
-                  s_.remote_ring + (tx_seq_ % s_.slots) * s_.slot_bytes, s_.remote_rkey)) {
+                  s_.remote_ring + (tx_seq_ % s_.slots) * s_.slot_bytes, s_.remote_rkey,
+                  inline_send ? IBV_SEND_INLINE : 0)) {
     return false;
   }
   if (announce) {
@@ -134,7 +141,16 @@ bool VerbsConnection::send_slot(SendRequest* req) {
   send_offset_ += n;
   s_.counters->ring_sent(n);
   req->bytes_done.store(send_offset_, std::memory_order_relaxed);
-  if (send_offset_ == req->bytes) finish_send(req);
+  if (send_offset_ != req->bytes) return true;
+  if (inline_send && written_count_ == 0) {
+    sends_.pop();
+    send_offset_ = 0;
+    send_phase_ = SendPhase::kFresh;
+    s_.counters->inline_sent(n);
+    req->complete();  // the caller may free it now
+  } else {
+    finish_send(req);
+  }
   return true;
 }
 

@@ -61,8 +61,18 @@ Result<QpResources> create_qps(const Device& dev, uint32_t count, uint32_t send_
     init.cap.max_recv_wr = recv_depth;
     init.cap.max_send_sge = 2;
     init.cap.max_recv_sge = 1;
+    // Inline sends: on the first QP as much as the driver allows of kWantInlineBytes, the same
+    // on the others (what it granted once, it grants again).
+    init.cap.max_inline_data = n == 0 ? kWantInlineBytes : r.max_inline;
     IbvPtr<ibv_qp> qp(ibv_create_qp(dev.pd(), &init));
+    if (!qp && n == 0) {
+      CHORUS_INFO(kNet, "verbs: {} refused {} bytes of inline data per send ({}); sends go "
+                  "without", dev.name(), kWantInlineBytes, std::strerror(errno));
+      init.cap.max_inline_data = 0;
+      qp.reset(ibv_create_qp(dev.pd(), &init));
+    }
     if (!qp) return system_error(errno, fmt::format("verbs: ibv_create_qp on {}", dev.name()));
+    if (n == 0) r.max_inline = std::min(init.cap.max_inline_data, kWantInlineBytes);
     ibv_qp_attr a{};
     a.qp_state = IBV_QPS_INIT;
     a.pkey_index = 0;

@@ -24,14 +24,19 @@ struct QpResources {
   std::vector<uint32_t> psns;  // our initial send PSN of each
   uint32_t send_depth = 0;     // max_send_wr of each QP
   uint32_t recv_depth = 0;     // max_recv_wr of each QP
+  uint32_t max_inline = 0;     // bytes a send may carry inline (IBV_SEND_INLINE), every QP
 };
+
+// The inline data asked of each QP: a slot header and a payload of up to 192 bytes. A driver
+// that refuses it gets QPs without inline sends.
+inline constexpr uint32_t kWantInlineBytes = 256;
 
 // The wr_id of every receive work request.
 inline constexpr uint64_t kRecvWrId = 5;
 
 // `count` QPs in INIT (remote writes allowed), each with `send_depth` / `recv_depth` work
-// requests and two send SGEs, and one CQ for all; every receive is posted (0-SGE, id
-// kRecvWrId). kSystemError naming the device when the driver refuses.
+// requests, two send SGEs and kWantInlineBytes of inline data where the driver allows it (else
+// none), and one CQ for all; every receive is posted (0-SGE, id kRecvWrId). kSystemError naming the device when the driver refuses.
 Result<QpResources> create_qps(const Device& dev, uint32_t count, uint32_t send_depth,
                                uint32_t recv_depth);
 

@@ -32,12 +32,18 @@ void ByteCounters::zero_copy_received(uint64_t n) {
   if (this != &process_counters()) process_counters().zero_copy_received(n);
 }
 
+void ByteCounters::inline_sent(uint64_t n) {
+  add(inline_sent_, n);
+  if (this != &process_counters()) process_counters().inline_sent(n);
+}
+
 ByteCounts ByteCounters::get() const {
   ByteCounts c;
   c.ring_sent = ring_sent_.load(std::memory_order_relaxed);
   c.ring_received = ring_received_.load(std::memory_order_relaxed);
   c.zero_copy_sent = zero_copy_sent_.load(std::memory_order_relaxed);
   c.zero_copy_received = zero_copy_received_.load(std::memory_order_relaxed);
+  c.inline_sent = inline_sent_.load(std::memory_order_relaxed);
   return c;
 }
 
