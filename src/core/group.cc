@@ -115,8 +115,43 @@ std::vector<Launch> build_ops(std::vector<PendingCall>& calls,
   return out;
 }
 
+// A group of sends and receives of one blocking communicator on the NULL stream, launched
+// while the communicator is idle (the common case of small point-to-point exchanges): its
+// operation runs from this frame, as launch_one's do, without being allocated, queued or
+// gathered into launches. False when the group is not such a group or the communicator is
+// busy; *result is then untouched and the caller launches it the usual way.
+bool launch_p2p_direct(const std::vector<PendingCall>& calls, bool watched, Status* result) {
+  if (watched || calls.empty()) return false;
+  Comm* c = calls.front().comm.get();
+  if (!c->config().blocking) return false;
+  size_t nonempty = 0;
+  for (const auto& pc : calls) {
+    if (pc.comm.get() != c || pc.stream != nullptr || !is_p2p(pc.call.kind)) return false;
+    nonempty += pc.call.count != 0;
+  }
+  std::vector<CollCall> p2p;
+  p2p.reserve(nonempty);
+  for (const auto& pc : calls)
+    if (pc.call.count != 0) p2p.push_back(pc.call);  // NCCL skips empty sends and receives
+  if (p2p.empty()) {
+    *result = Status();
+    return true;
+  }
+  Op direct(c, std::move(p2p), true);
+  Result<bool> started = c->start_direct(direct);
+  if (!started.ok()) {
+    *result = started.take_status();
+    return true;
+  }
+  if (!started.value()) return false;
+  drive_until([&] { return direct.done(); }, {c});
+  *result = direct.status();
+  return true;
+}
+
 Status launch(std::vector<PendingCall> calls,
               std::vector<std::pair<Comm*, std::function<void(size_t)>>> watches = {}) {
+  if (Status direct; launch_p2p_direct(calls, !watches.empty(), &direct)) return direct;
   std::vector<Launch> launches = build_ops(calls, watches);
   Status first;
   std::vector<Comm*> sync_comms;
