@@ -36,7 +36,8 @@ inline constexpr uint64_t kRecvWrId = 5;
 
 // `count` QPs in INIT (remote writes allowed), each with `send_depth` / `recv_depth` work
 // requests, two send SGEs and kWantInlineBytes of inline data where the driver allows it (else
-// none), and one CQ for all; every receive is posted (0-SGE, id kRecvWrId). kSystemError naming the device when the driver refuses.
+// none), and one CQ for all; every receive is posted (0-SGE, id kRecvWrId). kSystemError naming
+// the device when the driver refuses.
 Result<QpResources> create_qps(const Device& dev, uint32_t count, uint32_t send_depth,
                                uint32_t recv_depth);
 

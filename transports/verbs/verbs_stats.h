@@ -16,7 +16,7 @@ struct ByteCounts {
   uint64_t ring_received = 0;       // payload copied (or reduced) out of our ring slots
   uint64_t zero_copy_sent = 0;      // payload written into a peer's buffer
   uint64_t zero_copy_received = 0;  // payload a peer wrote into our buffer
-  uint64_t inline_sent = 0;  // of ring_sent: in inline sends, completed when posted
+  uint64_t inline_sent = 0;         // of ring_sent: in inline sends, completed when posted
 };
 
 // One instance's counters, shared by its connections; each addition also counts in the
