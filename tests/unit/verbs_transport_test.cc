@@ -351,6 +351,16 @@ TEST_CASE("verbs: immediate data and credits", "[unit][verbs]") {
   CHECK(widen_credit(near, credit_imm(near + 5)) == near + 5);
   const uint64_t far = (uint64_t{7} << 30) + 100;
   CHECK(widen_credit(far, credit_imm(far + 1000)) == far + 1000);
+  // An older credit (overtaken by one a slot carried over another QP) changes nothing.
+  CHECK(widen_credit(far, credit_imm(far - 3)) == far);
+  CHECK(widen_credit(near + 5, credit_imm(near)) == near + 5);
+  // Credits in slot headers: 32 bits, older ones ignored, across the wrap.
+  CHECK(widen_slot_credit(100, 105) == 105);
+  CHECK(widen_slot_credit(100, 100) == 100);
+  CHECK(widen_slot_credit(100, 99) == 100);
+  const uint64_t wrap = (uint64_t{3} << 32) - 16;
+  CHECK(widen_slot_credit(wrap, static_cast<uint32_t>(wrap + 32)) == wrap + 32);
+  CHECK(widen_slot_credit(wrap + 32, static_cast<uint32_t>(wrap)) == wrap + 32);
 }
 
 TEST_CASE("verbs: slot headers are checked against what is due", "[unit][verbs]") {
@@ -378,8 +388,12 @@ TEST_CASE("verbs: slot headers are checked against what is due", "[unit][verbs]"
   m.flags = 4;
   CHECK_THAT(check_slot(m, 9, true, room, 3 * room, slot), Catch::Contains("flags 0x4"));
   m = h;
-  m.reserved = 1;
-  CHECK_THAT(check_slot(m, 9, true, room, 3 * room, slot), Catch::Contains("reserved"));
+  m.credit = 1;  // a credit without its flag
+  CHECK_THAT(check_slot(m, 9, true, room, 3 * room, slot), Catch::Contains("credit"));
+  m.flags = kSlotCredit;
+  CHECK(check_slot(m, 9, true, room, 3 * room, slot).empty());
+  m.flags = 4;
+  CHECK_THAT(check_slot(m, 9, true, room, 3 * room, slot), Catch::Contains("flags"));
   m = h;
   m.offset = 0;
   m.total = 5;

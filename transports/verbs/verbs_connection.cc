@@ -335,17 +335,7 @@ bool VerbsConnection::on_receive(const ibv_wc& wc, uint32_t q) {
     reply_arrived_ = true;
     return true;
   }
-  if (is_credit_imm(imm)) {
-    const uint64_t consumed = widen_credit(tx_credit_, imm);
-    if (consumed > tx_seq_) {
-      fail_all(corrupt(front, fmt::format("credit for {} slots when {} were sent", consumed,
-                                          tx_seq_)),
-               true);
-      return false;
-    }
-    tx_credit_ = consumed;
-    return true;
-  }
+  if (is_credit_imm(imm)) return take_credit(widen_credit(tx_credit_, imm));
   if (imm == kImmHello) return check_hello(q);
   if (imm == kImmFarewell) {
     read_farewell();
@@ -353,6 +343,17 @@ bool VerbsConnection::on_receive(const ibv_wc& wc, uint32_t q) {
   }
   fail_all(corrupt(front, fmt::format("immediate data {:#x}", imm)), true);
   return false;
+}
+
+bool VerbsConnection::take_credit(uint64_t consumed) {
+  if (consumed > tx_seq_) {
+    const RecvRequest* front = recvs_.empty() ? nullptr : recvs_.front();
+    fail_all(corrupt(front, fmt::format("credit for {} slots when {} were sent", consumed, tx_seq_)),
+             true);
+    return false;
+  }
+  tx_credit_ = std::max(tx_credit_, consumed);
+  return true;
 }
 
 // A slot write over QP q: the next slot due over that QP, within the ring's window. Slots over
@@ -373,6 +374,11 @@ bool VerbsConnection::on_slot(uint32_t imm, uint32_t q, const RecvRequest* front
              true);
     return false;
   }
+  // The credit it carries counts now (it is checked as a whole when consumed).
+  SlotHeader h{};
+  std::memcpy(&h, rx_slot(seq), sizeof(h));
+  if ((h.flags & kSlotCredit) != 0 && !take_credit(widen_slot_credit(tx_credit_, h.credit)))
+    return false;
   rx_next_[q] = seq + nqps();
   rx_landed_[seq % s_.slots] = 1;
   while (rx_landed_[rx_arrived_ % s_.slots] != 0) {

@@ -162,6 +162,9 @@ class VerbsConnection final : public Connection {
   bool on_receive(const ibv_wc& wc, uint32_t q);
   bool on_slot(uint32_t imm, uint32_t q, const RecvRequest* front);
   bool check_hello(uint32_t q);
+  // The peer has consumed `consumed` of our slots (a credit, or one carried by a slot): fails
+  // the connection if that is more than were sent; an older count changes nothing.
+  bool take_credit(uint64_t consumed);
   void read_farewell();
   bool progress_sends();
   // The front send's next work request by its phase; false when it must wait.

@@ -106,7 +106,11 @@ bool VerbsConnection::send_slot(SendRequest* req) {
   h.total = req->bytes;
   h.offset = send_offset_;
   h.seq = tx_seq_;
-  h.flags = announce ? kSlotAnnounce : 0;
+  // Every slot returns the credits we have (the peer's ring slots consumed here), so an
+  // exchange needs no credit work requests of its own (maybe_send_credit).
+  h.flags = (announce ? kSlotAnnounce : 0) | kSlotCredit;
+  h.credit = static_cast<uint32_t>(rx_seq_);
+  credit_sent_ = std::max(credit_sent_, rx_seq_);
   std::memcpy(slot, &h, sizeof(h));
   const auto* src = static_cast<const uint8_t*>(req->buf) + send_offset_;
   ibv_sge sge[2];
@@ -259,7 +263,7 @@ bool VerbsConnection::progress_recvs() {
       rx_total_ = h.total;
       rx_offset_ = 0;
     }
-    if (h.flags == kSlotAnnounce) {
+    if ((h.flags & kSlotAnnounce) != 0) {
       ++rx_seq_;
       moved = true;
       if (!answer_announcement(req, h)) return true;

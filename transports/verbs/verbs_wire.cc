@@ -139,10 +139,11 @@ std::string check_slot(const SlotHeader& h, uint64_t seq, bool in_message, uint6
                        uint64_t total, size_t slot_bytes) {
   if (h.magic != kSlotMagic) return fmt::format("a slot with magic {:#010x}", h.magic);
   if (h.seq != seq) return fmt::format("slot {} where slot {} was due", h.seq, seq);
-  if ((h.flags & ~kSlotAnnounce) != 0 || h.reserved != 0) {
-    return fmt::format("a slot with flags {:#x} (reserved {:#x})", h.flags, h.reserved);
+  if ((h.flags & ~(kSlotAnnounce | kSlotCredit)) != 0 ||
+      ((h.flags & kSlotCredit) == 0 && h.credit != 0)) {
+    return fmt::format("a slot with flags {:#x} (credit {:#x})", h.flags, h.credit);
   }
-  if (h.flags == kSlotAnnounce) {
+  if ((h.flags & kSlotAnnounce) != 0) {
     if (in_message) return "an announcement in the middle of a message";
     if (h.payload != 0 || h.offset != 0 || h.total == 0) {
       return fmt::format("an announcement of a {}-byte message with {} payload bytes at offset "

@@ -123,9 +123,11 @@ inline uint32_t credit_imm(uint64_t consumed) {
 inline bool is_slot_imm(uint32_t imm) { return (imm & 0x80000000u) == 0; }
 inline bool is_credit_imm(uint32_t imm) { return (imm & 0xc0000000u) == kImmCreditFlag; }
 // The full count a credit's low 30 bits stand for, given the last one known (counts only grow,
-// and by less than 2^30 between two credits).
+// and by less than 2^29 between two credits); `last` itself when the credit is not newer (one
+// carried by a slot over another QP may have overtaken it).
 inline uint64_t widen_credit(uint64_t last, uint32_t imm) {
-  return last + ((static_cast<uint64_t>(imm & kImmCreditMask) - last) & kImmCreditMask);
+  const uint64_t ahead = (static_cast<uint64_t>(imm & kImmCreditMask) - last) & kImmCreditMask;
+  return ahead < (uint64_t{1} << 29) ? last + ahead : last;
 }
 
 // ---- In a slot and in the aux area (host byte order, like the other transports) -------------
@@ -138,8 +140,8 @@ struct SlotHeader {
   uint64_t total;    // bytes of the whole message
   uint64_t offset;   // of this slot's payload in the message
   uint64_t seq;      // the slot's sequence number on the connection
-  uint32_t flags;    // kSlotAnnounce, or 0
-  uint32_t reserved;
+  uint32_t flags;    // kSlotAnnounce and/or kSlotCredit, or 0
+  uint32_t credit;   // with kSlotCredit: low 32 bits of the sender's consumed count of our slots
 };
 static_assert(sizeof(SlotHeader) == kSlotHeaderBytes);
 inline constexpr uint32_t kSlotMagic = 0x4348494d;  // "CHIM"
@@ -147,6 +149,15 @@ inline constexpr uint32_t kSlotMagic = 0x4348494d;  // "CHIM"
 // from registered memory: the receiver answers with an RdvReply, and the payload follows either
 // written straight into the receiver's buffer or as ordinary slots from offset 0.
 inline constexpr uint32_t kSlotAnnounce = 1;
+// The slot carries a credit (SlotHeader::credit): a connection returns credits in the slots it
+// sends anyway, and posts a credit of its own only when it has none to send.
+inline constexpr uint32_t kSlotCredit = 2;
+// The consumed count that a credit's low 32 bits stand for, given the last one known; `last`
+// itself when the credit is not newer (slots over several QPs may carry credits out of order).
+inline uint64_t widen_slot_credit(uint64_t last, uint32_t credit) {
+  const auto ahead = static_cast<int32_t>(credit - static_cast<uint32_t>(last));
+  return ahead > 0 ? last + static_cast<uint64_t>(ahead) : last;
+}
 
 // Checks a slot's header against what the receiver expects next: slot `seq`; with
 // `in_message`, the payload at `offset` of the message of `total` bytes already begun (or
