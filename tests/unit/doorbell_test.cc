@@ -8,6 +8,7 @@
 #include <catch2/catch.hpp>
 
 #include <atomic>
+#include <memory>
 #include <thread>
 
 #include "common/process.h"
@@ -19,6 +20,28 @@ bool wake_fd_readable() {
   pollfd p{ProcessContext::get().wake_fd(), POLLIN, 0};
   return poll(&p, 1, 0) == 1 && (p.revents & POLLIN) != 0;
 }
+
+// Another thread registered in this process's doorbell (as Idler::idle registers before it
+// sleeps) for as long as this object lives.
+class OtherThreadRegistered {
+ public:
+  explicit OtherThreadRegistered(bool poller)
+      : thread_([this, poller] {
+          CountedAsSleeper counted(poller);
+          stage_.store(1);
+          while (stage_.load() != 2) std::this_thread::yield();
+        }) {
+    while (stage_.load() != 1) std::this_thread::yield();
+  }
+  ~OtherThreadRegistered() {
+    stage_.store(2);
+    thread_.join();
+  }
+
+ private:
+  std::atomic<int> stage_{0};
+  std::thread thread_;
+};
 
 }  // namespace
 
@@ -37,13 +60,7 @@ TEST_CASE("doorbell: ring_local wakes other pollers, not the ringing one", "[uni
 
   // Another thread polls (registered, as Idler::idle does before poll()): it is woken, whether
   // or not this thread is registered too.
-  std::atomic<int> stage{0};
-  std::thread other([&] {
-    CountedAsSleeper counted(/*poller=*/true);
-    stage.store(1);
-    while (stage.load() != 2) std::this_thread::yield();
-  });
-  while (stage.load() != 1) std::this_thread::yield();
+  auto other = std::make_unique<OtherThreadRegistered>(/*poller=*/true);
   {
     CountedAsSleeper counted(/*poller=*/true);
     process.ring_local();
@@ -58,8 +75,7 @@ TEST_CASE("doorbell: ring_local wakes other pollers, not the ringing one", "[uni
   process.ring_local();
   CHECK(wake_fd_readable());
   process.drain_wake_fd();
-  stage.store(2);
-  other.join();
+  other.reset();
   CHECK(process.doorbell()->pollers.load() == 0);
   CHECK(process.doorbell()->sleepers.load() == 0);
 }
@@ -72,17 +88,11 @@ TEST_CASE("doorbell: ring_local bumps the futex word only for other sleepers", "
     ProcessContext::get().ring_local();
     CHECK(bell->seq.load() == before);
   }
-  std::atomic<int> stage{0};
-  std::thread other([&] {
-    CountedAsSleeper counted(/*poller=*/false);
-    stage.store(1);
-    while (stage.load() != 2) std::this_thread::yield();
-  });
-  while (stage.load() != 1) std::this_thread::yield();
-  ProcessContext::get().ring_local();
-  CHECK(bell->seq.load() != before);
-  stage.store(2);
-  other.join();
+  {
+    OtherThreadRegistered other(/*poller=*/false);
+    ProcessContext::get().ring_local();
+    CHECK(bell->seq.load() != before);
+  }
   CHECK(bell->sleepers.load() == 0);
 }
 
