@@ -14,8 +14,11 @@ work=$(mktemp -d /tmp/chorus-envlaunch-XXXXXX)
 trap 'rm -rf "$work"' EXIT
 export CHORUS_BOOTSTRAP_TIMEOUT_MS=20000
 failures=0
-# A port range of its own per run, so two runs of this test on one host keep apart.
-base=$((30000 + ($$ % 500) * 20))
+# A port range of its own per run, so two runs of this test on one host keep apart: 24100-31899,
+# below the kernel's ephemeral ports (32768 up), which any connection of a test running beside this
+# one may hold (CI once saw torchrun's port taken that way), and apart from slurm_test.sh's ports
+# (10000-15999) and run_torch_tests.sh's (16200-24099).
+base=$((24100 + ($$ % 390) * 20))
 
 fail() {
   echo "FAIL $1"

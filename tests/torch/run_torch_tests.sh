@@ -58,7 +58,9 @@ free_port() {
     "$PY" - "$1" <<'PYEOF'
 import socket, sys
 base = int(sys.argv[1])
-for p in list(range(base, 60000)) + list(range(20000, base)):
+# 16200-24099: below the kernel's ephemeral ports (32768 up), which a connection could take between
+# this check and torchrun's bind, and apart from the launcher tests' ports.
+for p in list(range(base, 24100)) + list(range(16200, base)):
     # torchrun needs the port itself; the workers' gloo/chorus listeners use ephemeral ports.
     s = socket.socket()
     try:
@@ -71,7 +73,7 @@ for p in list(range(base, 60000)) + list(range(20000, base)):
         s.close()
 PYEOF
 }
-PORT_BASE=$((20000 + ($$ * 7) % 30000))
+PORT_BASE=$((16200 + ($$ * 7) % 7900))
 
 run_torchrun() {  # <log> <script> [args...]
     local log=$1 script=$2
