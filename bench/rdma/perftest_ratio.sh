@@ -5,8 +5,11 @@
 # sendrecv_perf over verbs (CHORUS_TRANSPORT=VERBS, 2 ranks via chorus-run, registered
 # buffers: -R 1), and the ratios: Chorus's send/recv bandwidth over ib_write_bw's for each size
 # from 1 MiB on (target >= 0.8), and Chorus's 8-byte time over ib_send_lat's latency
-# (target <= 2; ib_send_lat's mean, its median printed beside). Run it where an RDMA device
-# exists, e.g. in the soft-RoCE guest:
+# (target <= 2; ib_send_lat's mean, its median printed beside). Two 8-byte times: the one-way
+# latency of a ping-pong of ncclSend/ncclRecv (bench/rdma/sendrecv_lat, round trip / 2:
+# ib_send_lat's own method, the verdict), and sendrecv_perf's time per call, where both ranks
+# send and receive at once (a bidirectional exchange, printed beside it). Run it where an RDMA
+# device exists, e.g. in the soft-RoCE guest:
 #   scripts/rxe-guest.sh --timeout 900 -- bench/rdma/perftest_ratio.sh build
 # Argument: the build directory (default build). Environment: RATIO_SIZES (default "1M 4M";
 # soft-RoCE under TCG moves some 20-30 MB/s), RATIO_ITERS (bandwidth iterations, default 50),
@@ -26,7 +29,8 @@ for tool in ib_write_bw ib_send_lat; do
 done
 run=$build/tools/chorus-run
 perf=$build/bench/coll/sendrecv_perf
-for f in "$run" "$perf"; do
+lat=$build/bench/sendrecv_lat
+for f in "$run" "$perf" "$lat"; do
   [ -x "$f" ] || { echo "perftest_ratio: $f is not built"; exit 1; }
 done
 dev=$(rdma_default_device)
@@ -90,6 +94,11 @@ for s in $sizes; do
   echo "ib_write_bw $b B: $(awk -v x="${wbw[$b]}" 'BEGIN { printf "%.3f", x / 1e9 }') GB/s one way, $(awk -v x="${bwbw[$b]}" 'BEGIN { printf "%.3f", x / 1e9 }') GB/s both ways (-b, sum)"
 done
 
+echo "== chorus sendrecv_lat over verbs (ping-pong), 2 ranks, registered buffers (-R 1)"
+env CHORUS_TRANSPORT=VERBS "$run" -n 2 "$lat" -s "$lat_bytes" -n "$lat_iters" -w 20 -R 1 \
+  > "$logs/chorus_pingpong" 2>&1 || { cat "$logs/chorus_pingpong"; exit 1; }
+sed 's/^/  /' "$logs/chorus_pingpong"
+
 echo "== chorus sendrecv_perf over verbs, 2 ranks, registered buffers (-R 1)"
 first=$(echo "$sizes" | awk '{ print $1 }')
 last=$(echo "$sizes" | awk '{ print $NF }')
@@ -100,9 +109,18 @@ env CHORUS_TRANSPORT=VERBS "$run" -n 2 "$perf" -b "$first" -e "$last" -f 2 -n "$
 cat "$logs/chorus_lat" "$logs/chorus_bw" | grep -v '^ *$' | sed 's/^/  /'
 
 echo "== ratios"
+# sendrecv_lat's row: #bytes #iterations t_min t_max t_typical t_avg ... (as ib_send_lat's).
+# (No process substitution: the guest has no /dev/fd.)
+pp_typ=$(awk -v b="$lat_bytes" '$1 == b && NF >= 6 { print $5; found = 1 } END { exit !found }' \
+  "$logs/chorus_pingpong")
+pp_avg=$(awk -v b="$lat_bytes" '$1 == b && NF >= 6 { print $6; found = 1 } END { exit !found }' \
+  "$logs/chorus_pingpong")
+awk -v c="$pp_avg" -v ct="$pp_typ" -v p="$perf_lat" -v t="$perf_lat_typ" 'BEGIN {
+  printf "8 B one-way latency (ping-pong): chorus t_avg %.2f us / ib_send_lat t_avg %.2f us = %.2f", c, p, c / p
+  printf " (target <= 2); t_typical %.2f / %.2f us = %.2f\n", ct, t, ct / t }'
 chorus_lat=$(chorus_col "$logs/chorus_lat" 8 6)
 awk -v c="$chorus_lat" -v p="$perf_lat" -v t="$perf_lat_typ" 'BEGIN {
-  printf "8 B latency: chorus %.2f us / ib_send_lat t_avg %.2f us = %.2f (target <= 2); ", c, p, c / p
+  printf "8 B sendrecv_perf time (both ways at once): chorus %.2f us / ib_send_lat t_avg %.2f us = %.2f; ", c, p, c / p
   printf "/ t_typical %.2f us = %.2f\n", t, c / t }'
 for s in $sizes; do
   b=$(bytes_of "$s")
