@@ -13,6 +13,7 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -184,6 +185,13 @@ class Comm : public std::enable_shared_from_this<Comm> {
   // operation, and sets *result to how it ended. False when it cannot (then queue it or
   // start_direct() it).
   bool run_express(const CollCall& call, Status* result);
+  // The express path of small blocking sends and receives (express_p2p.cc): a lone send or
+  // receive, or a group of up to kExpressP2pCalls of them, none to this rank and none over
+  // kExpressP2pBytes, on an idle comm: posts them from the caller's frame, waits for all of them,
+  // and sets *result to how it ended. False when it cannot (then launch them as an operation).
+  static constexpr size_t kExpressP2pCalls = 8;
+  static constexpr size_t kExpressP2pBytes = 8192;
+  bool run_p2p_express(std::span<const CollCall* const> calls, Status* result);
   // Runs the queue: starts, progresses and retires operations. The caller holds drive_mutex().
   // True if anything progressed.
   bool advance();

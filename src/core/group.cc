@@ -2,6 +2,8 @@
 #include "core/group.h"
 
 #include <algorithm>
+#include <array>
+#include <span>
 #include <thread>
 
 #include "common/log.h"
@@ -128,6 +130,11 @@ bool launch_p2p_direct(const std::vector<PendingCall>& calls, bool watched, Stat
   for (const auto& pc : calls) {
     if (pc.comm.get() != c || pc.stream != nullptr || !is_p2p(pc.call.kind)) return false;
     nonempty += pc.call.count != 0;
+  }
+  if (calls.size() <= Comm::kExpressP2pCalls) {  // small ones: without an operation at all
+    std::array<const CollCall*, Comm::kExpressP2pCalls> express{};
+    for (size_t i = 0; i < calls.size(); ++i) express[i] = &calls[i].call;
+    if (c->run_p2p_express(std::span(express.data(), calls.size()), result)) return true;
   }
   std::vector<CollCall> p2p;
   p2p.reserve(nonempty);
@@ -270,6 +277,10 @@ Status submit_call(const std::shared_ptr<Comm>& comm, const CollCall& call, Stre
     return Status();
   }
   if (!is_p2p(call.kind)) return launch_one(comm, call, stream);
+  if (stream == nullptr && comm->config().blocking) {
+    const CollCall* one = &call;
+    if (Status express; comm->run_p2p_express(std::span(&one, 1), &express)) return express;
+  }
   return launch({PendingCall{comm, call, stream}});
 }
 

@@ -299,6 +299,57 @@ Outcome allreduce_until_failure(ncclComm_t comm, const ChildEnv& env, int max_it
   return o;
 }
 
+// Small blocking sends and receives until one fails, the express path of point-to-point calls
+// (src/core/express_p2p.cc): a ring exchange as one group (send to the next rank, receive from
+// the previous one), then a ping-pong of lone calls between pairs of ranks (0-1, 2-3, ...; an
+// odd number of ranks leaves the last one out of it). Each message is checked.
+Outcome sendrecv_until_failure(ncclComm_t comm, const ChildEnv& env, int nranks, int max_iters) {
+  Outcome o;
+  const int r = env.rank, next = (r + 1) % nranks, prev = (r + nranks - 1) % nranks;
+  const int pair = r ^ 1;
+  std::vector<float> out(16), in(16);
+  auto fail = [&](ncclResult_t result, std::string why) {
+    o.result = result;
+    o.at_ms = mono_ms();
+    o.error = std::move(why);
+  };
+  for (o.iterations = 0; o.iterations < max_iters; ++o.iterations) {
+    if (o.iterations == 8) env.ready();
+    const float base = static_cast<float>(o.iterations) * 0.5f;
+    std::fill(out.begin(), out.end(), base + static_cast<float>(r) + 0.25f);
+    ncclResult_t res = ncclGroupStart();
+    if (res == ncclSuccess) res = ncclSend(out.data(), out.size(), ncclFloat, next, comm, nullptr);
+    if (res == ncclSuccess) res = ncclRecv(in.data(), in.size(), ncclFloat, prev, comm, nullptr);
+    ncclResult_t end = ncclGroupEnd();
+    if (res == ncclSuccess) res = end;
+    if (res != ncclSuccess) {
+      fail(res, last_error());
+      break;
+    }
+    if (in.front() != base + static_cast<float>(prev) + 0.25f) {
+      fail(ncclInternalError, "wrong data in the ring exchange");
+      break;
+    }
+    if (pair >= nranks) continue;
+    if (r % 2 == 0) {
+      res = ncclSend(out.data(), out.size(), ncclFloat, pair, comm, nullptr);
+      if (res == ncclSuccess) res = ncclRecv(in.data(), in.size(), ncclFloat, pair, comm, nullptr);
+    } else {
+      res = ncclRecv(in.data(), in.size(), ncclFloat, pair, comm, nullptr);
+      if (res == ncclSuccess) res = ncclSend(out.data(), out.size(), ncclFloat, pair, comm, nullptr);
+    }
+    if (res != ncclSuccess) {
+      fail(res, last_error());
+      break;
+    }
+    if (in.back() != base + static_cast<float>(pair) + 0.25f) {
+      fail(ncclInternalError, "wrong data in the ping-pong");
+      break;
+    }
+  }
+  return o;
+}
+
 // After a failure: shrink away `dead` and run checked AllReduces on the survivors.
 std::string shrink_and_go_on(ncclComm_t comm, int rank, int nranks, int dead,
                              size_t elems = kCount) {
@@ -357,10 +408,12 @@ std::string place_on_rdma_host(int rank) {
   return "";
 }
 
-// `nranks` ranks AllReduce `count` floats in a loop; `victim` is killed in the middle; the
-// others must fail fast with ncclRemoteError, then shrink and go on.
+// `nranks` ranks AllReduce `count` floats in a loop (or, `p2p`, send and receive small
+// messages: sendrecv_until_failure); `victim` is killed in the middle; the others must fail
+// fast with ncclRemoteError, then shrink and go on.
 void kill_during_allreduce(const char* transport, std::vector<std::string> env_extra = {},
-                           int nranks = 4, size_t count = kCount, bool blocking = false) {
+                           int nranks = 4, size_t count = kCount, bool blocking = false,
+                           bool p2p = false) {
   const int victim = 2 % nranks;
   Children children;
   env_extra.push_back(fmt::format("CHORUS_TRANSPORT={}", transport));
@@ -370,7 +423,8 @@ void kill_during_allreduce(const char* transport, std::vector<std::string> env_e
         if (std::string e = place_on_rdma_host(env.rank); !e.empty()) return "init=failed msg=" + e;
         ncclComm_t comm = init(env.id, nranks, env.rank);
         if (comm == nullptr) return "init=failed msg=" + last_error();
-        Outcome o = allreduce_until_failure(comm, env, 1 << 30, count, blocking);
+        Outcome o = p2p ? sendrecv_until_failure(comm, env, nranks, 1 << 30)
+                        : allreduce_until_failure(comm, env, 1 << 30, count, blocking);
         ncclResult_t async = ncclSuccess;
         ncclCommGetAsyncError(comm, &async);
         std::string report = fmt::format("result={} async={} at_ms={} iters={}",
@@ -419,9 +473,9 @@ void kill_during_allreduce(const char* transport, std::vector<std::string> env_e
                         std::string::npos;
     CHECK(side_channel);
   }
-  fmt::print("fault: SIGKILL of rank {} of {} during AllReduce over {}{}: every survivor failed "
+  fmt::print("fault: SIGKILL of rank {} of {} during {} over {}{}: every survivor failed "
              "within {} ms, then shrank to {} ranks and went on\n",
-             victim, nranks, transport,
+             victim, nranks, p2p ? "sends and receives" : "AllReduce", transport,
              std::getenv("CHORUS_RDMA_NETNS") != nullptr ? " on two hosts" : "", worst,
              nranks - 1);
 }
@@ -436,6 +490,16 @@ TEST_CASE("SIGKILL during AllReduce over shared memory: survivors fail fast, shr
 TEST_CASE("SIGKILL during small blocking AllReduces over shared memory (the express path): "
           "survivors fail fast, shrink, go on", "[mp][fault][shm]") {
   kill_during_allreduce("SHM", {}, 4, 16, /*blocking=*/true);
+}
+
+TEST_CASE("SIGKILL during small blocking sends and receives over shared memory (the express "
+          "path): survivors fail fast, shrink, go on", "[mp][fault][shm]") {
+  kill_during_allreduce("SHM", {}, 4, 16, /*blocking=*/true, /*p2p=*/true);
+}
+
+TEST_CASE("SIGKILL during small blocking sends and receives over TCP: survivors fail fast, "
+          "shrink, go on", "[mp][fault][tcp]") {
+  kill_during_allreduce("TCP", {}, 4, 16, /*blocking=*/true, /*p2p=*/true);
 }
 
 TEST_CASE("SIGKILL during AllReduce over TCP: survivors fail fast, shrink, go on",
@@ -476,9 +540,15 @@ TEST_CASE("SIGKILL during AllReduce over verbs: survivors fail fast, shrink, go 
 }
 
 TEST_CASE("a frozen peer (SIGSTOP) fails the others at the timeout, naming it", "[mp][fault]") {
-  // Large AllReduces on a stream (operations), then small blocking ones (the express path).
-  auto freeze = [](bool express) {
-    INFO((express ? "small blocking AllReduces" : "large AllReduces on a stream"));
+  // Large AllReduces on a stream (operations), small blocking ones (the express path), and small
+  // blocking sends and receives (their express path).
+  enum class Traffic { kQueued, kExpress, kExpressP2p };
+  auto freeze = [](Traffic traffic) {
+    const bool express = traffic == Traffic::kExpress, p2p = traffic == Traffic::kExpressP2p;
+    INFO((p2p ? "small blocking sends and receives"
+              : express ? "small blocking AllReduces" : "large AllReduces on a stream"));
+    const char* failed_entry = p2p ? "FAILED group of " : "FAILED AllReduce #";
+    const char* what = p2p ? "group of " : "AllReduce #";
     const int nranks = 3, victim = 1;
     const int timeout_ms = 1500;
     Children children;
@@ -486,11 +556,15 @@ TEST_CASE("a frozen peer (SIGSTOP) fails the others at the timeout, naming it", 
                           [&](const ChildEnv& env) -> std::string {
                             ncclComm_t comm = init(env.id, nranks, env.rank);
                             if (comm == nullptr) return "init=failed msg=" + last_error();
-                            Outcome o = express ? allreduce_until_failure(comm, env, 1 << 30, 16, true)
-                                                : allreduce_until_failure(comm, env, 1 << 30);
-                            char recorder[8192];
-                            chorusCommDumpFlightRecorder(comm, recorder, sizeof(recorder), nullptr);
-                            bool recorded = std::strstr(recorder, "FAILED AllReduce #") != nullptr;
+                            Outcome o = p2p ? sendrecv_until_failure(comm, env, nranks, 1 << 30)
+                                        : express ? allreduce_until_failure(comm, env, 1 << 30, 16, true)
+                                                  : allreduce_until_failure(comm, env, 1 << 30);
+                            // Room for all 64 entries (CHORUS_FLIGHT_RECORDER_OPS) of
+                            // send/receive groups, which name every call.
+                            std::vector<char> recorder(1 << 16);
+                            chorusCommDumpFlightRecorder(comm, recorder.data(), recorder.size(),
+                                                         nullptr);
+                            bool recorded = std::strstr(recorder.data(), failed_entry) != nullptr;
                             ncclCommAbort(comm);
                             return fmt::format("result={} at_ms={} recorder={} msg={}",
                                                static_cast<int>(o.result), o.at_ms,
@@ -522,7 +596,7 @@ TEST_CASE("a frozen peer (SIGSTOP) fails the others at the timeout, naming it", 
       if (msg.find("no progress") != std::string::npos) {
         // "AllReduce #12 (...) on comm ... : rank 2: no progress for 1.5 s (...); waiting for
         //  rank 1 (host h, pid P) to send its data (X of Y bytes done)"
-        CHECK(msg.find("AllReduce #") != std::string::npos);
+        CHECK(msg.find(what) != std::string::npos);
         CHECK(msg.find("bytes done") != std::string::npos);
         named |= msg.find(fmt::format("rank {} (host ", victim)) != std::string::npos &&
                  msg.find(fmt::format("pid {}", children[victim].pid)) != std::string::npos;
@@ -530,8 +604,9 @@ TEST_CASE("a frozen peer (SIGSTOP) fails the others at the timeout, naming it", 
     }
     CHECK(named);
   };
-  freeze(false);
-  freeze(true);
+  freeze(Traffic::kQueued);
+  freeze(Traffic::kExpress);
+  freeze(Traffic::kExpressP2p);
 }
 
 TEST_CASE("ncclCommAbort from another thread ends a blocked collective and frees everything",

@@ -294,6 +294,74 @@ TEST_CASE("sends grouped on one side match receives spread over several calls on
   REQUIRE(f == "");
 }
 
+TEST_CASE("small sends and receives match in order whether queued on a stream, grouped or alone",
+          "[ranks][api]") {
+  // Small blocking calls on an idle comm take the express path (src/core/express_p2p.cc), calls
+  // on a stream are queued operations: between a pair, the k-th send still matches the k-th
+  // receive. One rank sends 10 messages and the other receives them, each side mixing the paths
+  // its own way; then the other way round. (A send may wait for its receive, as NCCL's: so one
+  // direction at a time.)
+  RankGroup g(2);
+  std::string f = g.run([&](int r, ncclComm_t comm) -> std::string {
+    const int peer = 1 - r, kMessages = 10;
+    auto count = [](int k) { return static_cast<size_t>(5 + 3 * k); };
+    auto value = [](int from, int k, size_t i) { return 0.5f * k + 1e-3f * i + 0.25f * from; };
+    cudaStream_t stream = nullptr;
+    if (ncclResult_t res = chorusStreamCreate(&stream); res != ncclSuccess) return err(res, "stream");
+    std::string failure;
+    for (int sender = 0; sender < 2 && failure.empty(); ++sender) {
+      std::vector<std::vector<float>> bufs;
+      for (int k = 0; k < kMessages; ++k) {
+        bufs.emplace_back(count(k), -1.0f);
+        if (r == sender)
+          for (size_t i = 0; i < count(k); ++i) bufs[k][i] = value(r, k, i);
+      }
+      auto call = [&](int k, cudaStream_t s) {
+        return r == sender ? ncclSend(bufs[k].data(), count(k), ncclFloat, peer, comm, s)
+                           : ncclRecv(bufs[k].data(), count(k), ncclFloat, peer, comm, s);
+      };
+      auto grouped = [&](int k) {
+        ncclGroupStart();
+        call(k, nullptr);
+        call(k + 1, nullptr);
+        return ncclGroupEnd();
+      };
+      ncclResult_t res = ncclSuccess;
+      if (r == sender) {
+        // 0-3 on the stream, 4-7 alone and blocking, 8-9 as one blocking group.
+        for (int k = 0; k < 4 && res == ncclSuccess; ++k) res = call(k, stream);
+        for (int k = 4; k < 8 && res == ncclSuccess; ++k) res = call(k, nullptr);
+        if (res == ncclSuccess) res = grouped(8);
+      } else if (sender == 0) {
+        // 0-5 alone, 6-7 as a group, 8-9 on the stream.
+        for (int k = 0; k < 6 && res == ncclSuccess; ++k) res = call(k, nullptr);
+        if (res == ncclSuccess) res = grouped(6);
+        for (int k = 8; k < 10 && res == ncclSuccess; ++k) res = call(k, stream);
+      } else {
+        // 0-1 on the stream (waited for), the rest alone.
+        for (int k = 0; k < 2 && res == ncclSuccess; ++k) res = call(k, stream);
+        if (res == ncclSuccess) res = chorusStreamSynchronize(stream);
+        for (int k = 2; k < 10 && res == ncclSuccess; ++k) res = call(k, nullptr);
+      }
+      if (res == ncclSuccess) res = chorusStreamSynchronize(stream);
+      if (res != ncclSuccess) {
+        failure = err(res, r == sender ? "sends" : "receives");
+        break;
+      }
+      if (r == sender) continue;
+      for (int k = 0; k < kMessages && failure.empty(); ++k)
+        for (size_t i = 0; i < count(k); ++i)
+          if (bufs[k][i] != value(peer, k, i)) {
+            failure = "wrong data in message " + std::to_string(k);
+            break;
+          }
+    }
+    chorusStreamDestroy(stream);
+    return failure;
+  });
+  REQUIRE(f == "");
+}
+
 TEST_CASE("host streams run work in order, asynchronously", "[ranks][api][stream]") {
   const int n = 3;
   RankGroup g(n);
