@@ -131,13 +131,28 @@ Result<bool> Comm::start_direct(Op& op) {
   return true;
 }
 
-Status Comm::admit(Op& op) {
+Status Comm::check_usable() {
   if (aborting()) return invalid_usage("{} was aborted", describe());
   if (failed_.load(std::memory_order_acquire)) {
     std::lock_guard<std::mutex> lock(status_mutex_);
     Status s = failure_;
     return s.with_context(fmt::format("{} is unusable after an earlier failure", describe()));
   }
+  return Status();
+}
+
+void Comm::end_express(Status status, Status* result) {
+  if (!status.ok()) {
+    poison(status);
+    close_connections(status);
+  }
+  // Another thread may have queued an operation meanwhile and gone to sleep on the drive lock.
+  if (pending_ops_.load(std::memory_order_acquire) != 0) ProcessContext::get().ring_local();
+  *result = std::move(status);
+}
+
+Status Comm::admit(Op& op) {
+  CHORUS_RETURN_IF_ERROR(check_usable());
   // Internal exchanges may involve a subset of the ranks: they count apart from collectives.
   uint32_t seq = op.p2p_batch() ? 0 : op.is_internal() ? internal_seq_++ : coll_seq_++;
   for (CollCall& c : op.calls()) {

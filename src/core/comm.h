@@ -265,6 +265,14 @@ class Comm : public std::enable_shared_from_this<Comm> {
   // What enqueue() and start_direct() share: refuses a broken comm, assigns the op's sequence
   // numbers and tags, records it in the flight recorder.
   Status admit(Op& op);
+  // The error a call on an aborted or failed comm gets (admit's first check, and the express
+  // paths'); OK when the comm is usable.
+  Status check_usable();
+  // The end of an express call (express.cc, express_p2p.cc) once its flight-recorder entry is
+  // written, as finish_op() ends an operation: a failure poisons the comm and closes its
+  // connections (requests in the caller's frame may still be posted), and a thread that queued
+  // an operation meanwhile is woken. Sets *result.
+  void end_express(Status status, Status* result);
   Status start_op(Op& op);
   // Pins the registrations the op's buffers lie in (Op::pins, Op::shared).
   Status pin_buffers(Op& op);

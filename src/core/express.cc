@@ -43,14 +43,8 @@ bool Comm::run_express(const CollCall& in, Status* result) {
   if (choose(in.kind, bytes).algo != algo::Algo::kBox) return false;  // drive lock: its cache
 
   // What admit() does for a queued operation.
-  if (aborting()) {
-    *result = invalid_usage("{} was aborted", describe());
-    return true;
-  }
-  if (failed_.load(std::memory_order_acquire)) {
-    std::lock_guard<std::mutex> lock(status_mutex_);
-    Status s = failure_;
-    *result = s.with_context(fmt::format("{} is unusable after an earlier failure", describe()));
+  if (Status unusable = check_usable(); !unusable.ok()) {
+    *result = std::move(unusable);
     return true;
   }
   MsgTag tag;
@@ -134,13 +128,7 @@ bool Comm::run_express(const CollCall& in, Status* result) {
   } else {
     recorder_.completed(summarize, status);
   }
-  if (!status.ok()) {
-    poison(status);
-    close_connections(status);
-  }
-  // Another thread may have queued an operation meanwhile and gone to sleep on the drive lock.
-  if (pending_ops_.load(std::memory_order_acquire) != 0) ProcessContext::get().ring_local();
-  *result = std::move(status);
+  end_express(std::move(status), result);
   return true;
 }
 

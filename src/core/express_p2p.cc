@@ -11,11 +11,11 @@
 // for; a failure poisons the communicator as a failed operation does.
 #include <fmt/format.h>
 
+#include <array>
 #include <span>
 
 #include "common/clock.h"
 #include "common/params.h"
-#include "common/process.h"
 #include "core/comm.h"
 #include "core/engine.h"
 
@@ -42,14 +42,8 @@ bool Comm::run_p2p_express(std::span<const CollCall* const> calls, Status* resul
     return false;
 
   // What admit() does for a queued operation.
-  if (aborting()) {
-    *result = invalid_usage("{} was aborted", describe());
-    return true;
-  }
-  if (failed_.load(std::memory_order_acquire)) {
-    std::lock_guard<std::mutex> lock(status_mutex_);
-    Status s = failure_;
-    *result = s.with_context(fmt::format("{} is unusable after an earlier failure", describe()));
+  if (Status unusable = check_usable(); !unusable.ok()) {
+    *result = std::move(unusable);
     return true;
   }
   const size_t n = nonempty;
@@ -174,22 +168,14 @@ bool Comm::run_p2p_express(std::span<const CollCall* const> calls, Status* resul
 
   // What finish_op() does.
   if (!status.ok()) {
-    status.with_context(
-        fmt::format("{} on {}", describe_calls(), describe()));
+    status.with_context(fmt::format("{} on {}", describe_calls(), describe()));
   }
   if (recorded) {
     recorder_.finished(record, status);
   } else {
     recorder_.completed(summarize, status);
   }
-  if (!status.ok()) {
-    // The requests in this frame may still be posted: drop every connection before they go.
-    poison(status);
-    close_connections(status);
-  }
-  // Another thread may have queued an operation meanwhile and gone to sleep on the drive lock.
-  if (pending_ops_.load(std::memory_order_acquire) != 0) ProcessContext::get().ring_local();
-  *result = std::move(status);
+  end_express(std::move(status), result);  // before the requests in this frame go
   return true;
 }
 

@@ -308,10 +308,13 @@ Outcome sendrecv_until_failure(ncclComm_t comm, const ChildEnv& env, int nranks,
   const int r = env.rank, next = (r + 1) % nranks, prev = (r + nranks - 1) % nranks;
   const int pair = r ^ 1;
   std::vector<float> out(16), in(16);
-  auto fail = [&](ncclResult_t result, std::string why) {
-    o.result = result;
+  // False (and the outcome set) when a step failed or brought the wrong value.
+  auto step_ok = [&](ncclResult_t result, float got, float want, const char* step) {
+    if (result == ncclSuccess && got == want) return true;
+    o.result = result != ncclSuccess ? result : ncclInternalError;
     o.at_ms = mono_ms();
-    o.error = std::move(why);
+    o.error = result != ncclSuccess ? last_error() : std::string("wrong data in the ") + step;
+    return false;
   };
   for (o.iterations = 0; o.iterations < max_iters; ++o.iterations) {
     if (o.iterations == 8) env.ready();
@@ -322,14 +325,7 @@ Outcome sendrecv_until_failure(ncclComm_t comm, const ChildEnv& env, int nranks,
     if (res == ncclSuccess) res = ncclRecv(in.data(), in.size(), ncclFloat, prev, comm, nullptr);
     ncclResult_t end = ncclGroupEnd();
     if (res == ncclSuccess) res = end;
-    if (res != ncclSuccess) {
-      fail(res, last_error());
-      break;
-    }
-    if (in.front() != base + static_cast<float>(prev) + 0.25f) {
-      fail(ncclInternalError, "wrong data in the ring exchange");
-      break;
-    }
+    if (!step_ok(res, in.front(), base + static_cast<float>(prev) + 0.25f, "ring exchange")) break;
     if (pair >= nranks) continue;
     if (r % 2 == 0) {
       res = ncclSend(out.data(), out.size(), ncclFloat, pair, comm, nullptr);
@@ -338,14 +334,7 @@ Outcome sendrecv_until_failure(ncclComm_t comm, const ChildEnv& env, int nranks,
       res = ncclRecv(in.data(), in.size(), ncclFloat, pair, comm, nullptr);
       if (res == ncclSuccess) res = ncclSend(out.data(), out.size(), ncclFloat, pair, comm, nullptr);
     }
-    if (res != ncclSuccess) {
-      fail(res, last_error());
-      break;
-    }
-    if (in.back() != base + static_cast<float>(pair) + 0.25f) {
-      fail(ncclInternalError, "wrong data in the ping-pong");
-      break;
-    }
+    if (!step_ok(res, in.back(), base + static_cast<float>(pair) + 0.25f, "ping-pong")) break;
   }
   return o;
 }
