@@ -185,14 +185,16 @@ bool VerbsConnection::take_reply(SendRequest* req) {
 
 // The next piece of the front send, written straight into the receiver's buffer: part q of the
 // message over QP q (zero_copy_split), in pieces of at most max_write taken round robin over the
-// parts; each part's last piece carries the immediate that the receiver counts (RC has placed
-// the part's earlier writes before it). The send completes when every write has: counting
-// writes in total is exact because the next zero-copy message's writes start only after the
-// receiver saw all of this one's.
+// parts, at most kZeroCopyWritesPerQp per part outstanding (why: kZeroCopyPieceBytes); each
+// part's last piece carries the immediate that the receiver counts (RC has placed the part's
+// earlier writes before it). The send completes when every write has: counting writes in total
+// is exact because the next zero-copy message's writes start only after the receiver saw all of
+// this one's.
 bool VerbsConnection::send_zero_copy(SendRequest* req) {
-  if (zc_posted_ - zc_done_ >= kMaxZeroCopyWrites) return false;
-  const ibv_mr* mr = mr_covering(req->key, req->buf, req->bytes, false);
   const uint64_t part = zc_split_.part, parts = zc_split_.parts;
+  const uint64_t outstanding = std::min<uint64_t>(kMaxZeroCopyWrites, kZeroCopyWritesPerQp * parts);
+  if (zc_posted_ - zc_done_ >= outstanding) return false;
+  const ibv_mr* mr = mr_covering(req->key, req->buf, req->bytes, false);
   const uint64_t per_part = (part + s_.max_write - 1) / s_.max_write;
   for (;; ++zc_piece_) {
     if (zc_piece_ >= per_part * parts) {  // every piece posted

@@ -257,7 +257,7 @@ Result<ConnectionTable> VerbsInstance::connect(const std::vector<EndpointInfo>& 
       s.remote_qpns = std::move(remote_qpns);
       s.rdv_bytes = options_.rdv_bytes;
       s.max_write = static_cast<uint32_t>(
-          std::min<uint64_t>(uint64_t{1} << 20, device_->port_attr().max_msg_sz));
+          std::min<uint64_t>(VerbsConnection::kZeroCopyPieceBytes, device_->port_attr().max_msg_sz));
       s.counters = counters_;
       cq_fds[i].push_back(s.qp.channel->fd);
       auto conn = std::make_unique<VerbsConnection>(std::move(s));
