@@ -1,22 +1,23 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: Apache-2.0
 # Chorus's verbs transport against perftest on the same device, in one run: ib_write_bw (RDMA
-# WRITE bandwidth) and ib_send_lat (SEND latency) between two processes, then Chorus's
-# sendrecv_perf over verbs (CHORUS_TRANSPORT=VERBS, 2 ranks via chorus-run, registered
-# buffers: -R 1), and the ratios: Chorus's send/recv bandwidth over ib_write_bw's for each size
-# from 1 MiB on (target >= 0.8), and Chorus's 8-byte time over ib_send_lat's latency
-# (target <= 2; ib_send_lat's mean, its median printed beside). Two 8-byte times: the one-way
-# latency of a ping-pong of ncclSend/ncclRecv (bench/rdma/sendrecv_lat, round trip / 2:
-# ib_send_lat's own method, the verdict), and sendrecv_perf's time per call, where both ranks
-# send and receive at once (a bidirectional exchange, printed beside it). Run it where an RDMA
-# device exists, e.g. in the soft-RoCE guest:
+# WRITE bandwidth, one way and both ways with -b) and ib_send_lat (SEND latency) between two
+# processes, then Chorus over verbs (CHORUS_TRANSPORT=VERBS, 2 ranks via chorus-run, registered
+# buffers: -R 1), and the ratios.
+#   Bandwidth, target >= 0.8 from 1 MiB on: Chorus's send/receive bandwidth measured as
+#   ib_write_bw measures (bench/rdma/sendrecv_lat -m bw: a stream of windows of 8 messages one
+#   way, osu_bw's method) over ib_write_bw's, the verdict; both ways at once (-m bibw) over
+#   ib_write_bw -b's; and nccl-tests' sendrecv_perf (each rank sends to the other and receives
+#   at once, one message per step) over half of ib_write_bw -b's.
+#   Latency, target <= 2: the one-way 8-byte latency of a ping-pong of ncclSend/ncclRecv
+#   (sendrecv_lat, round trip / 2: ib_send_lat's own method, the verdict) over ib_send_lat's
+#   (means, medians beside), and sendrecv_perf's 8-byte time per step beside it.
+# Run it where an RDMA device exists, e.g. in the soft-RoCE guest:
 #   scripts/rxe-guest.sh --timeout 900 -- bench/rdma/perftest_ratio.sh build
 # Argument: the build directory (default build). Environment: RATIO_SIZES (default "1M 4M";
-# soft-RoCE under TCG moves some 20-30 MB/s), RATIO_ITERS (bandwidth iterations, default 50),
-# RATIO_LAT_ITERS (default 2000).
+# soft-RoCE under TCG moves some 20-50 MB/s), RATIO_ITERS (bandwidth iterations, default 50;
+# sendrecv_lat: windows of 8 messages, an eighth of it), RATIO_LAT_ITERS (default 2000).
 # Bandwidths are in bytes per second (perftest's MB/sec are 2^20 bytes, nccl-tests' GB 10^9).
-# sendrecv_perf with 2 ranks moves data both ways at once (rank r sends to r+1 and receives
-# from r-1), so the script also runs ib_write_bw bidirectionally (-b) and prints that ratio.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 build=${1:-build}
@@ -99,6 +100,17 @@ env CHORUS_TRANSPORT=VERBS "$run" -n 2 "$lat" -s "$lat_bytes" -n "$lat_iters" -w
   > "$logs/chorus_pingpong" 2>&1 || { cat "$logs/chorus_pingpong"; exit 1; }
 sed 's/^/  /' "$logs/chorus_pingpong"
 
+echo "== chorus sendrecv_lat -m bw and -m bibw over verbs (streams), 2 ranks, registered buffers"
+windows=$(( (iters + 7) / 8 ))  # about as many messages as ib_write_bw sends
+for s in $sizes; do
+  b=$(bytes_of "$s")
+  for m in bw bibw; do
+    env CHORUS_TRANSPORT=VERBS "$run" -n 2 "$lat" -m "$m" -s "$b" -n "$windows" -W 8 -w 1 -R 1 \
+      > "$logs/chorus_${m}_$b" 2>&1 || { cat "$logs/chorus_${m}_$b"; exit 1; }
+    grep -v '^ *$' "$logs/chorus_${m}_$b" | sed 's/^/  /'
+  done
+done
+
 echo "== chorus sendrecv_perf over verbs, 2 ranks, registered buffers (-R 1)"
 first=$(echo "$sizes" | awk '{ print $1 }')
 last=$(echo "$sizes" | awk '{ print $NF }')
@@ -124,12 +136,19 @@ awk -v c="$chorus_lat" -v p="$perf_lat" -v t="$perf_lat_typ" 'BEGIN {
   printf "/ t_typical %.2f us = %.2f\n", t, c / t }'
 for s in $sizes; do
   b=$(bytes_of "$s")
-  t_us=$(chorus_col "$logs/chorus_bw" "$b" 6) || { echo "$b B: no chorus result"; continue; }
-  algbw=$(awk -v b="$b" -v t="$t_us" 'BEGIN { printf "%.6f", b / t / 1e3 }')
+  # sendrecv_lat -m bw/bibw print ib_write_bw's columns: BW average is $4, in MB/s of 2^20.
+  uni=$(perftest_bw "$logs/chorus_bw_$b" "$b") || uni=0
+  bi=$(perftest_bw "$logs/chorus_bibw_$b" "$b") || bi=0
+  t_us=$(chorus_col "$logs/chorus_bw" "$b" 6) || t_us=0
   # A perftest figure of 0 (rxe under emulation can stall on large messages) has no ratio.
-  awk -v c="$algbw" -v w="${wbw[$b]}" -v bi="${bwbw[$b]}" -v b="$b" 'BEGIN {
-    printf "%d B bandwidth: chorus %.3f GB/s / ib_write_bw %.3f GB/s = ", b, c, w / 1e9
-    if (w > 0) printf "%.2f (target >= 0.8); ", c * 1e9 / w; else printf "n/a; "
-    printf "vs half of bidirectional ib_write_bw %.3f GB/s = ", bi / 2e9
-    if (bi > 0) printf "%.2f\n", c * 2e9 / bi; else printf "n/a\n" }'
+  awk -v u="$uni" -v bi="$bi" -v t="$t_us" -v w="${wbw[$b]}" -v wb="${bwbw[$b]}" -v b="$b" '
+    function ratio(x, y) { return y > 0 && x > 0 ? sprintf("%.2f", x / y) : "n/a" }
+    BEGIN {
+      printf "%d B bandwidth one way (sendrecv_lat -m bw): chorus %.3f GB/s / ib_write_bw %.3f GB/s = %s (target >= 0.8)\n",
+        b, u / 1e9, w / 1e9, ratio(u, w)
+      printf "%d B bandwidth both ways (sendrecv_lat -m bibw, sum): chorus %.3f GB/s / ib_write_bw -b %.3f GB/s = %s\n",
+        b, bi / 1e9, wb / 1e9, ratio(bi, wb)
+      c = t > 0 ? b / t * 1e6 : 0
+      printf "%d B sendrecv_perf (one message each way per step): chorus %.3f GB/s / half of ib_write_bw -b %.3f GB/s = %s\n",
+        b, c / 1e9, wb / 2e9, ratio(c, wb / 2) }'
 done

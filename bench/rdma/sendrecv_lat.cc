@@ -11,7 +11,15 @@
 // (a bidirectional exchange), so where the two ranks share CPUs it does twice a ping-pong's
 // work per step. bench/rdma/perftest_ratio.sh prints both against ib_send_lat.
 //
-//   chorus-run -n 2 sendrecv_lat [-s bytes] [-n iterations] [-w warmup] [-R 0|1]
+// -m bw and -m bibw measure bandwidth as perftest's ib_write_bw (and ib_write_bw -b) and the OSU
+// benchmarks' osu_bw (osu_bibw) do: a stream of messages in one direction, a window of W sends
+// posted at once (one ncclGroupStart/End) and received into W distinct buffers, then a 4-byte
+// acknowledgement back; bibw: both ranks send a window and receive one at the same time. One
+// sample is one window; printed in ib_write_bw's columns: bytes, iterations (windows x W), BW
+// average in MB/s of 2^20 bytes (bibw: both directions summed, as ib_write_bw -b), message rate.
+//
+//   chorus-run -n 2 sendrecv_lat [-m lat|bw|bibw] [-s bytes] [-n iterations] [-w warmup]
+//                                [-W window] [-R 0|1]
 // -R 1: the buffers come from ncclMemAlloc and are registered with ncclCommRegister.
 #include <nccl.h>
 
@@ -28,7 +36,11 @@
 
 namespace {
 
+enum class Mode { kLatency, kBandwidth, kBidirectional };
+
 struct Options {
+  Mode mode = Mode::kLatency;
+  int window = 16;  // bw, bibw: messages per sample
   size_t bytes = 8;
   int iters = 1000;
   int warmup = 50;
@@ -51,7 +63,20 @@ std::string parse(int argc, char** argv, Options* o) {
     if (i + 1 >= argc) return "option " + flag + " needs a value";
     long v = 0;
     const char* value = argv[++i];
-    if (flag == "-s" && parse_int(value, 4, 1L << 30, &v) && v % 4 == 0) {
+    if (flag == "-m") {
+      std::string m = value;
+      if (m == "lat") {
+        o->mode = Mode::kLatency;
+      } else if (m == "bw") {
+        o->mode = Mode::kBandwidth;
+      } else if (m == "bibw") {
+        o->mode = Mode::kBidirectional;
+      } else {
+        return "bad option -m " + m + " (lat, bw or bibw)";
+      }
+    } else if (flag == "-W" && parse_int(value, 1, 1024, &v)) {
+      o->window = static_cast<int>(v);
+    } else if (flag == "-s" && parse_int(value, 4, 1L << 30, &v) && v % 4 == 0) {
       o->bytes = static_cast<size_t>(v);
     } else if (flag == "-n" && parse_int(value, 1, 100000000, &v)) {
       o->iters = static_cast<int>(v);
@@ -61,7 +86,7 @@ std::string parse(int argc, char** argv, Options* o) {
       o->registered = v == 1;
     } else {
       return "bad option " + flag + " " + value + " (-s bytes, a multiple of 4; -n iterations >= 1;"
-             " -w warmup >= 0; -R 0|1)";
+             " -w warmup >= 0; -W window 1-1024; -R 0|1)";
     }
   }
   return "";
@@ -147,6 +172,73 @@ bool time_round_trips(ncclComm_t comm, int rank, const Options& o, float* send, 
   return true;
 }
 
+// Runs the bandwidth test (-m bw, bibw): each sample is one window of o.window messages from
+// (and, bibw, to) distinct slices of `send` and `recv`, o.window * o.bytes each; bw ends a window
+// with a 4-byte acknowledgement from rank 1 into `ack`. Rank 0 fills `samples` (microseconds per
+// window). Returns false on an error or a wrong message.
+bool time_windows(ncclComm_t comm, int rank, const Options& o, float* send, float* recv,
+                  float* ack, std::vector<double>* samples) {
+  const size_t n = o.bytes / sizeof(float);
+  const int peer = 1 - rank;
+  const bool both = o.mode == Mode::kBidirectional;
+  const bool sends = both || rank == 0, recvs = both || rank == 1;
+  for (int it = -o.warmup; it < o.iters; ++it) {
+    const int first = (it + o.warmup) * o.window;  // the window's first message number
+    auto start = std::chrono::steady_clock::now();
+    if (!ok(ncclGroupStart(), "ncclGroupStart", comm)) return false;
+    for (int w = 0; w < o.window && sends; ++w) {
+      fill(send + w * n, n, rank, first + w);
+      if (!ok(ncclSend(send + w * n, n, ncclFloat32, peer, comm, nullptr), "ncclSend", comm)) {
+        return false;
+      }
+    }
+    for (int w = 0; w < o.window && recvs; ++w) {
+      if (!ok(ncclRecv(recv + w * n, n, ncclFloat32, peer, comm, nullptr), "ncclRecv", comm)) {
+        return false;
+      }
+    }
+    if (!ok(ncclGroupEnd(), "ncclGroupEnd", comm)) return false;
+    if (!both) {  // the receiver says it has the whole window
+      ncclResult_t r = rank == 1 ? ncclSend(ack, 1, ncclFloat32, peer, comm, nullptr)
+                                 : ncclRecv(ack, 1, ncclFloat32, peer, comm, nullptr);
+      if (!ok(r, "acknowledgement", comm)) return false;
+    }
+    auto end = std::chrono::steady_clock::now();
+    for (int w = 0; w < o.window && recvs; ++w) {
+      if (!check(recv + w * n, n, peer, first + w)) {
+        std::fprintf(stderr, "sendrecv_lat: rank %d, message %d: wrong data from rank %d\n", rank,
+                     first + w, peer);
+        return false;
+      }
+    }
+    if (rank == 0 && it >= 0) {
+      samples->push_back(std::chrono::duration<double, std::micro>(end - start).count());
+    }
+  }
+  return true;
+}
+
+// Bandwidth in ib_write_bw's columns: MB/s of 2^20 bytes, the peak from the fastest window.
+void report_bandwidth(const Options& o, const std::vector<double>& s) {
+  double sum = 0;
+  for (double x : s) sum += x;
+  const double fastest = *std::min_element(s.begin(), s.end());
+  const double per_window =
+      static_cast<double>(o.window) * (o.mode == Mode::kBidirectional ? 2 : 1);
+  const double bytes = per_window * static_cast<double>(o.bytes);
+  const double mib_per_us = bytes / 1048576.0;
+  std::printf("# sendrecv_lat -m %s: %s of ncclSend/ncclRecv, windows of %d messages, %s buffers\n",
+              o.mode == Mode::kBandwidth ? "bw" : "bibw",
+              o.mode == Mode::kBandwidth ? "one-way bandwidth" : "bidirectional bandwidth (sum)",
+              o.window, o.registered ? "registered" : "unregistered");
+  std::printf(" %-10s %-12s %-18s %-21s %-14s\n", "#bytes", "#iterations", "BW peak[MB/sec]",
+              "BW average[MB/sec]", "MsgRate[Mpps]");
+  std::printf(" %-10zu %-12lld %-18.2f %-21.2f %-14.6f\n", o.bytes,
+              static_cast<long long>(o.iters) * o.window, mib_per_us / fastest * 1e6,
+              mib_per_us * static_cast<double>(s.size()) / sum * 1e6,
+              per_window * static_cast<double>(s.size()) / sum);
+}
+
 void report(const Options& o, std::vector<double> s) {
   std::sort(s.begin(), s.end());
   double sum = 0;
@@ -183,8 +275,8 @@ int main(int argc, char** argv) {
   if (!error.empty()) {
     if (joined.world.proc == 0) {
       std::fprintf(stderr,
-                   "%s%susage: chorus-run -n 2 sendrecv_lat [-s bytes] [-n iterations] "
-                   "[-w warmup] [-R 0|1]\n",
+                   "%s%susage: chorus-run -n 2 sendrecv_lat [-m lat|bw|bibw] [-s bytes] "
+                   "[-n iterations] [-w warmup] [-W window] [-R 0|1]\n",
                    error == "help" ? "" : ("sendrecv_lat: " + error).c_str(),
                    error == "help" ? "" : "\n");
     }
@@ -194,16 +286,26 @@ int main(int argc, char** argv) {
   const int rank = joined.world.proc;
   ncclComm_t comm = nullptr;
   bool good = ok(ncclCommInitRank(&comm, 2, joined.world.id, rank), "ncclCommInitRank", nullptr);
-  Buffer send, recv;
+  Buffer send, recv, ack;
   std::vector<double> samples;
-  good = good && allocate(comm, o.bytes, o.registered, &send) &&
-         allocate(comm, o.bytes, o.registered, &recv);
-  good = good && time_round_trips(comm, rank, o, static_cast<float*>(send.ptr),
-                           static_cast<float*>(recv.ptr), &samples);
-  if (good && rank == 0) report(o, samples);
+  const bool streams = o.mode != Mode::kLatency;
+  const size_t slices = streams ? static_cast<size_t>(o.window) : 1;
+  good = good && allocate(comm, o.bytes * slices, o.registered, &send) &&
+         allocate(comm, o.bytes * slices, o.registered, &recv) &&
+         allocate(comm, sizeof(float), false, &ack);
+  if (good && streams) {
+    good = time_windows(comm, rank, o, static_cast<float*>(send.ptr),
+                        static_cast<float*>(recv.ptr), static_cast<float*>(ack.ptr), &samples);
+    if (good && rank == 0) report_bandwidth(o, samples);
+  } else if (good) {
+    good = time_round_trips(comm, rank, o, static_cast<float*>(send.ptr),
+                            static_cast<float*>(recv.ptr), &samples);
+    if (good && rank == 0) report(o, samples);
+  }
   if (comm != nullptr) {
     release(comm, &send);
     release(comm, &recv);
+    release(comm, &ack);
     good = ok(ncclCommFinalize(comm), "ncclCommFinalize", comm) && good;
     ncclCommDestroy(comm);
   }
