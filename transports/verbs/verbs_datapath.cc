@@ -22,7 +22,8 @@ bool VerbsConnection::progress() {
   if (!broken_) maybe_send_credit();
   if (!broken_) moved |= progress_sends();
   if (broken_) return true;
-  for (auto& qp : s_.qp.qps) {
+  for (size_t q = 0; q < s_.qp.qps.size() && s_.rings->device->any_failure(); ++q) {
+    const auto& qp = s_.qp.qps[q];
     if (std::string why = s_.rings->device->failure(qp->qp_num); !why.empty()) {
       fail_all(remote_error("verbs: {} for {} QP {:#x} (to {}) {}", why, s_.rings->device->name(),
                             qp->qp_num, s_.peer_label, situation()),
@@ -342,7 +343,10 @@ void VerbsConnection::maybe_send_credit() {
 
 bool VerbsConnection::peek(MsgTag* tag, uint64_t* bytes) {
   if (broken_ || !recvs_.empty() || !peer_closed().ok()) return false;
-  progress();
+  // The completions only: they say what has landed. The rest of progress() (our sends, credits,
+  // the device's events) has nothing to do with the next incoming message, and the chunk layer
+  // has just called it: a wait for a receive ran it twice per poll.
+  poll_cq();
   if (broken_) return false;
   if (rx_seq_ < rx_arrived_) {
     SlotHeader h{};

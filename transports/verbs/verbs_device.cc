@@ -252,14 +252,18 @@ std::string Device::describe() const {
                      gid_to_string(gid_.raw), gid_type_);
 }
 
-std::string Device::failure(uint32_t qpn) {
+bool Device::any_failure() {
   const int64_t now = now_coarse_ns();
   if (now >= next_event_check_ns_) {
     next_event_check_ns_ = now + kEventCheckNs;
     read_async_events();
   }
+  return !fatal_.empty() || !qp_failures_.empty();
+}
+
+std::string Device::failure(uint32_t qpn) {
+  if (!any_failure()) return "";
   if (!fatal_.empty()) return fatal_;
-  if (qp_failures_.empty()) return "";
   auto it = qp_failures_.find(qpn);
   return it == qp_failures_.end() ? "" : it->second;
 }

@@ -77,8 +77,10 @@ class Device {
   // "rxe0 port 1, GID 1 ::ffff:10.0.2.15 (RoCE v2)".
   std::string describe() const;
 
-  // Why QP `qpn` or the whole device failed, from the asynchronous events read so far (read
-  // without blocking, at most every 10 ms); empty while none concerns it.
+  // Whether any asynchronous event read so far reports a failure (they are read without
+  // blocking, at most every 10 ms): the cheap test a connection makes on every progress.
+  bool any_failure();
+  // Why QP `qpn` or the whole device failed, from those events; empty while none concerns it.
   std::string failure(uint32_t qpn);
 
  private:
