@@ -22,13 +22,14 @@ bool VerbsConnection::progress() {
   if (!broken_) maybe_send_credit();
   if (!broken_) moved |= progress_sends();
   if (broken_) return true;
-  for (size_t q = 0; q < s_.qp.qps.size() && s_.rings->device->any_failure(); ++q) {
-    const auto& qp = s_.qp.qps[q];
-    if (std::string why = s_.rings->device->failure(qp->qp_num); !why.empty()) {
-      fail_all(remote_error("verbs: {} for {} QP {:#x} (to {}) {}", why, s_.rings->device->name(),
-                            qp->qp_num, s_.peer_label, situation()),
-               false);
-      return true;
+  if (s_.rings->device->any_failure()) {  // one clock read while none is recorded
+    for (auto& qp : s_.qp.qps) {
+      if (std::string why = s_.rings->device->failure(qp->qp_num); !why.empty()) {
+        fail_all(remote_error("verbs: {} for {} QP {:#x} (to {}) {}", why,
+                              s_.rings->device->name(), qp->qp_num, s_.peer_label, situation()),
+                 false);
+        return true;
+      }
     }
   }
   // The peer's farewell counts once the data that came before it is consumed, and only while
@@ -186,15 +187,15 @@ bool VerbsConnection::take_reply(SendRequest* req) {
 
 // The next piece of the front send, written straight into the receiver's buffer: part q of the
 // message over QP q (zero_copy_split), in pieces of at most max_write taken round robin over the
-// parts, at most kZeroCopyWritesPerQp per part outstanding (why: kZeroCopyPieceBytes); each
+// parts, at most kZeroCopyWritesPerQp x parts outstanding (why: kZeroCopyPieceBytes); each
 // part's last piece carries the immediate that the receiver counts (RC has placed the part's
 // earlier writes before it). The send completes when every write has: counting writes in total
 // is exact because the next zero-copy message's writes start only after the receiver saw all of
 // this one's.
 bool VerbsConnection::send_zero_copy(SendRequest* req) {
   const uint64_t part = zc_split_.part, parts = zc_split_.parts;
-  const uint64_t outstanding = std::min<uint64_t>(kMaxZeroCopyWrites, kZeroCopyWritesPerQp * parts);
-  if (zc_posted_ - zc_done_ >= outstanding) return false;
+  // parts <= kMaxQpsPerConnection, so this stays within kMaxZeroCopyWrites (the QPs' sizing).
+  if (zc_posted_ - zc_done_ >= kZeroCopyWritesPerQp * parts) return false;
   const ibv_mr* mr = mr_covering(req->key, req->buf, req->bytes, false);
   const uint64_t per_part = (part + s_.max_write - 1) / s_.max_write;
   for (;; ++zc_piece_) {
