@@ -22,8 +22,7 @@ constexpr int kMaxSleepMs = 100;  // a sleeper re-checks deadlines and abort at 
 
 }  // namespace
 
-void Idler::idle(const std::function<bool()>& retry,
-                 const std::function<bool(std::vector<pollfd>*)>& collect) {
+bool Idler::spin() {
   if (idle_since_ns_ == 0) {
     idle_since_ns_ = now_ns();
     spins_ = 0;
@@ -38,8 +37,13 @@ void Idler::idle(const std::function<bool()>& retry,
     } else {
       for (int i = 0; i < 8; ++i) cpu_relax();
     }
-    return;
+    return true;
   }
+  return false;
+}
+
+void Idler::sleep(const std::function<bool()>& retry,
+                  const std::function<bool(std::vector<pollfd>*)>& collect) {
   fds_.clear();
   bool doorbell_too = collect(&fds_);
   // Sockets alone: poll long (the eventfd covers wake-ups from this process). Sockets and shared

@@ -32,10 +32,20 @@ class Idler {
   // between the last pass and the sleep is not lost); it returns true if it made progress.
   // `collect` is called only before sleeping: it adds the sockets to watch and returns true if
   // something that only rings the doorbell (shared memory, another thread) matters too.
-  void idle(const std::function<bool()>& retry,
-            const std::function<bool(std::vector<pollfd>*)>& collect);
+  // Callables, not std::function: the spin phase runs once per empty pass, and a
+  // std::function of a lambda with more than two captures allocates each time it is built.
+  template <typename Retry, typename Collect>
+  void idle(const Retry& retry, const Collect& collect) {
+    if (spin()) return;
+    sleep(std::cref(retry), std::cref(collect));  // reference_wrappers: no allocation
+  }
 
  private:
+  // The spin phase: true while it lasts (CHORUS_SPIN_US), after a pause or a yield.
+  bool spin();
+  void sleep(const std::function<bool()>& retry,
+             const std::function<bool(std::vector<pollfd>*)>& collect);
+
   int64_t idle_since_ns_ = 0;
   uint32_t spins_ = 0;
   std::vector<pollfd> fds_;
