@@ -220,7 +220,12 @@ bool PeerLink::progress() {
     while (active_chunk_[p] == nullptr && active_whole_[p] == nullptr && !pending_.empty() &&
            match(p)) {
       moved = true;
-      paths_[p]->progress();
+      // A transport may take what has landed when the receive is posted (verbs does); only a
+      // receive still open needs a pass of its path.
+      const Request* posted = active_chunk_[p] != nullptr ? &active_chunk_[p]->req
+                              : active_whole_[p] != nullptr ? active_whole_[p]->req
+                                                            : nullptr;
+      if (posted != nullptr && !posted->done()) paths_[p]->progress();
       reap_recvs();
       if (!error_.ok()) break;
     }

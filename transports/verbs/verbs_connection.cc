@@ -171,7 +171,17 @@ void VerbsConnection::post_send(SendRequest* req) {
     return;
   }
   sends_.push(req);
-  if (!peer_closed().ok()) fail_all(peer_closed(), false);
+  if (!peer_closed().ok()) {
+    fail_all(peer_closed(), false);
+    return;
+  }
+  // A message that fits one slot, with nothing queued ahead of it, is written now rather than
+  // at the next progress(): a lone small send then costs one ibv_post_send, not a pass over the
+  // completion queue, the receives and the credits first (soft-RoCE guest: about a third of a
+  // small ncclSend's instructions). Larger ones wait for progress(), which answers the peer's
+  // announcements before posting more of our own data.
+  if (sends_.size() == 1 && send_phase_ == SendPhase::kFresh && req->bytes <= payload_bytes())
+    progress_sends();
 }
 
 void VerbsConnection::post_recv(RecvRequest* req) {
@@ -185,7 +195,13 @@ void VerbsConnection::post_recv(RecvRequest* req) {
     return;
   }
   Status st = check_reducing_receive(*req, peer());
-  if (!st.ok()) fail_all(std::move(st), true);
+  if (!st.ok()) {
+    fail_all(std::move(st), true);
+    return;
+  }
+  // The chunk layer posts a receive once it has peeked at the message's first slot: consume
+  // what has landed now (no completion-queue pass needed).
+  if (recvs_.size() == 1 && rx_seq_ < rx_arrived_) progress_recvs();
 }
 
 // ---- Completions ----------------------------------------------------------------------------
