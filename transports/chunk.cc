@@ -178,6 +178,7 @@ int PeerLink::choose_path(uint64_t bytes, int64_t now) {
 }
 
 bool PeerLink::dispatch() {
+  if (splits_.empty()) return false;  // no clock read on a pass with nothing to place
   bool moved = false;
   const int64_t now = now_ns();
   for (SplitSend* s : splits_) {

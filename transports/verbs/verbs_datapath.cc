@@ -344,10 +344,10 @@ void VerbsConnection::maybe_send_credit() {
 
 bool VerbsConnection::peek(MsgTag* tag, uint64_t* bytes) {
   if (broken_ || !recvs_.empty() || !peer_closed().ok()) return false;
-  // The completions only: they say what has landed. The rest of progress() (our sends, credits,
-  // the device's events) has nothing to do with the next incoming message, and the chunk layer
-  // has just called it: a wait for a receive ran it twice per poll.
-  poll_cq();
+  // The completions only, and only while nothing is known to have landed: they say what has.
+  // The rest of progress() (our sends, credits, the device's events) has nothing to do with the
+  // next incoming message, and the chunk layer has just called it.
+  if (rx_seq_ >= rx_arrived_) poll_cq();
   if (broken_) return false;
   if (rx_seq_ < rx_arrived_) {
     SlotHeader h{};
