@@ -34,28 +34,41 @@ void Comm::set_identity(CommIdentity id) {
 
 void Comm::count_bytes(int peer, bool sent, size_t wire, size_t data) {
   PeerByteCounters& c = byte_counters_[peer];
-  c.wire[sent].fetch_add(wire, std::memory_order_relaxed);
-  c.data[sent].fetch_add(data, std::memory_order_relaxed);
+  c.wire[sent].store(c.wire[sent].load(std::memory_order_relaxed) + wire,
+                     std::memory_order_relaxed);
+  c.data[sent].store(c.data[sent].load(std::memory_order_relaxed) + data,
+                     std::memory_order_relaxed);
 }
+
+namespace {
+// A counter since its last reset: the base is read first (a counter only grows, and a reset
+// sets the base to a value the counter had), so the difference is never negative.
+uint64_t since_reset(const std::atomic<uint64_t>& base, const std::atomic<uint64_t>& counter) {
+  const uint64_t b = base.load(std::memory_order_acquire);
+  const uint64_t v = counter.load(std::memory_order_relaxed);
+  return v >= b ? v - b : 0;
+}
+}  // namespace
 
 ByteCounts Comm::byte_counts(int peer) const {
   ByteCounts out;
   for (int p = 0; p < nranks(); ++p) {
     if (peer >= 0 && p != peer) continue;
     const PeerByteCounters& c = byte_counters_[p];
-    out.wire_sent += c.wire[1].load(std::memory_order_relaxed);
-    out.wire_received += c.wire[0].load(std::memory_order_relaxed);
-    out.data_sent += c.data[1].load(std::memory_order_relaxed);
-    out.data_received += c.data[0].load(std::memory_order_relaxed);
+    out.wire_sent += since_reset(c.wire_base[1], c.wire[1]);
+    out.wire_received += since_reset(c.wire_base[0], c.wire[0]);
+    out.data_sent += since_reset(c.data_base[1], c.data[1]);
+    out.data_received += since_reset(c.data_base[0], c.data[0]);
   }
   return out;
 }
 
 void Comm::reset_byte_counts() {
   for (int p = 0; p < nranks(); ++p) {
+    PeerByteCounters& c = byte_counters_[p];
     for (int i = 0; i < 2; ++i) {
-      byte_counters_[p].wire[i].store(0, std::memory_order_relaxed);
-      byte_counters_[p].data[i].store(0, std::memory_order_relaxed);
+      c.wire_base[i].store(c.wire[i].load(std::memory_order_relaxed), std::memory_order_release);
+      c.data_base[i].store(c.data[i].load(std::memory_order_relaxed), std::memory_order_release);
     }
   }
 }

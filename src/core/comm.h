@@ -207,8 +207,8 @@ class Comm : public std::enable_shared_from_this<Comm> {
   // the same slot. Operations run one at a time per comm, so they may use it freely.
   void* scratch(int slot, size_t bytes);
 
-  // ---- Byte counters (any thread) ----
-  // Counts a posted transfer to (`sent`) or from `peer`.
+  // ---- Byte counters (read and reset by any thread) ----
+  // Counts a posted transfer to (`sent`) or from `peer`; the driving thread only.
   void count_bytes(int peer, bool sent, size_t wire, size_t data);
   // Towards `peer`, or summed over all peers when it is -1.
   ByteCounts byte_counts(int peer) const;
@@ -348,8 +348,13 @@ class Comm : public std::enable_shared_from_this<Comm> {
   };
   ChoiceSlot choices_[64];           // drive lock
   bool key_error_logged_ = false;    // drive lock
+  // Written by the driving thread only (under drive_mutex_), read by any: plain loads and
+  // stores, no locked add per message (whose wait for the slot store before it to leave the
+  // store buffer is most of a small call's time). A reset moves the base (what counts as zero)
+  // instead of writing the counters.
   struct PeerByteCounters {
     std::atomic<uint64_t> wire[2] = {}, data[2] = {};  // [0] received, [1] sent
+    std::atomic<uint64_t> wire_base[2] = {}, data_base[2] = {};
   };
   std::unique_ptr<PeerByteCounters[]> byte_counters_;  // [peer]
   std::vector<std::unique_ptr<char[]>> scratch_;
