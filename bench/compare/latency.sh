@@ -13,8 +13,9 @@
 #
 # Chorus: chorus-run -n RANKS -x CHORUS_TRANSPORT=SHM|TCP <coll>_perf -b S -e S -n ITERS -w 1000 -z 1
 # Open MPI: mpirun --mca pml ob1 --mca btl self,vader|tcp chorus_mpi_coll_bench (same sizes).
-# The figures are the out-of-place "time" column (us); float elements, so ReduceScatter, AllGather
-# and AlltoAll need -s >= 4 x RANKS (a "-" otherwise). Needs a build with CHORUS_BUILD_BENCH
+# The figures are the out-of-place "time" column (us); float elements, so ReduceScatter, AllGather,
+# AlltoAll, Gather and Scatter need -s >= 4 x RANKS (a "-" otherwise). Rooted collectives use
+# root 0 on both sides. Needs a build with CHORUS_BUILD_BENCH
 # (the default) and Open MPI (scripts/install-deps.sh --bench); without mpirun only Chorus runs.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -42,9 +43,9 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 have_mpi=0
 command -v mpirun > /dev/null && [ -x "$build/bench/peers/chorus_mpi_coll_bench" ] && have_mpi=1
 
-colls=(all_reduce reduce_scatter all_gather alltoall broadcast)
-mpi_names=(allreduce reduce_scatter allgather alltoall bcast)
-titles=(AllReduce ReduceScatter AllGather AlltoAll Broadcast)
+colls=(all_reduce reduce_scatter all_gather alltoall broadcast reduce gather scatter)
+mpi_names=(allreduce reduce_scatter allgather alltoall bcast reduce gather scatter)
+titles=(AllReduce ReduceScatter AllGather AlltoAll Broadcast Reduce Gather Scatter)
 
 # The out-of-place time (us) of an nccl-tests-style row for `size`.
 row_time() { awk -v s="$size" '$1 == s {print $6; exit}'; }

@@ -1,11 +1,13 @@
 // SPDX-License-Identifier: Apache-2.0
 // File: bench/peers/mpi_coll_bench.c
-// The MPI peer of bench/coll/*_perf for bench/compare/compare.py: MPI_Allreduce,
-// MPI_Reduce_scatter_block, MPI_Allgather, MPI_Alltoall and MPI_Bcast on float/sum, measured
-// the way nccl-tests (and Chorus's tools) measure, with nccl-tests' size, count, algbw and busbw.
+// The MPI peer of bench/coll/*_perf for bench/compare/compare.py and latency.sh: MPI_Allreduce,
+// MPI_Reduce_scatter_block, MPI_Allgather, MPI_Alltoall, MPI_Bcast, MPI_Reduce, MPI_Gather and
+// MPI_Scatter on float/sum, measured the way nccl-tests (and Chorus's tools) measure, with
+// nccl-tests' size, count, algbw and busbw.
 //
 //   mpirun -np 2 [--mca ...] chorus_mpi_coll_bench [-b 8] [-e 128M] [-f 2] [-n 20] [-w 1]
-//          [-c 1] [-a 1] [-o allreduce,reduce_scatter,allgather,alltoall,bcast] [-r 0] [-J FILE]
+//          [-c 1] [-a 1] [-o allreduce,reduce_scatter,allgather,alltoall,bcast,...] [-r 0]
+//          [-J FILE]
 //
 // Per collective, -w warm-up calls at the largest and at the smallest size, then per size
 // (out of place only): one untimed call, MPI_Barrier, -n timed calls (MPI_Wtime from the first
@@ -21,6 +23,10 @@
 //   allgather       count = size/(4n) (send)  algbw = count*4*n/t  busbw = algbw*(n-1)/n
 //   alltoall        count = size/(4n) (peer)  algbw = count*4*n/t  busbw = algbw*(n-1)/n
 //   bcast           count = size/4            algbw = count*4/t    busbw = algbw
+//   reduce          count = size/4            algbw = count*4/t    busbw = algbw
+//   gather          count = size/(4n) (send)  algbw = count*4*n/t  busbw = algbw*(n-1)/n
+//   scatter         count = size/(4n) (recv)  algbw = count*4*n/t  busbw = algbw*(n-1)/n
+// (-r ROOT for bcast, reduce, gather and scatter.)
 // The size column is the larger of one rank's send and receive bytes; a size that does not give
 // every rank one element prints no row. -c N checks N calls after timing (inputs are small
 // integers, so float sums are exact) and reports the wrong elements summed over ranks.
@@ -35,11 +41,21 @@
 #include <time.h>
 #include <unistd.h>
 
-enum { kAllreduce, kReduceScatter, kAllgather, kAlltoall, kBcast, kNumColls };
+enum { kAllreduce, kReduceScatter, kAllgather, kAlltoall, kBcast, kReduce, kGather, kScatter,
+       kNumColls };
 static const char* const kCollNames[kNumColls] = {"allreduce", "reduce_scatter", "allgather",
-                                                  "alltoall", "bcast"};
-static const char* const kCollCalls[kNumColls] = {"MPI_Allreduce", "MPI_Reduce_scatter_block",
-                                                  "MPI_Allgather", "MPI_Alltoall", "MPI_Bcast"};
+                                                  "alltoall",  "bcast",          "reduce",
+                                                  "gather",    "scatter"};
+static const char* const kCollCalls[kNumColls] = {
+    "MPI_Allreduce", "MPI_Reduce_scatter_block", "MPI_Allgather", "MPI_Alltoall",
+    "MPI_Bcast",     "MPI_Reduce",               "MPI_Gather",    "MPI_Scatter"};
+// Reduction collectives print "sum", the rooted ones their root.
+static int reduces(int coll) {
+  return coll == kAllreduce || coll == kReduceScatter || coll == kReduce;
+}
+static int rooted(int coll) {
+  return coll == kBcast || coll == kReduce || coll == kGather || coll == kScatter;
+}
 
 typedef struct {
   size_t min_bytes, max_bytes, step_factor;
@@ -106,7 +122,9 @@ static void usage(FILE* f) {
           "  -f      size multiplier (2); -n timed calls per size (20); -w warm-up calls (1)\n"
           "  -c      checked calls after timing (1; 0 disables)\n"
           "  -a      time reported: 0 rank 0's, 1 mean over ranks (default), 2 min, 3 max\n"
-          "  -o      allreduce, reduce_scatter, allgather, alltoall, bcast or all (all)\n"
+          "  -o      allreduce, reduce_scatter, allgather, alltoall, bcast, reduce, gather,\n"
+          "          scatter or all (all)\n"
+          "  -r      root of bcast, reduce, gather and scatter (0)\n"
           "  -J      also write the results as JSON to FILE\n");
 }
 
@@ -165,15 +183,18 @@ static int layout(int coll, size_t bytes, int n, size_t* count, size_t* send_ele
   switch (coll) {
     case kAllreduce:
     case kBcast:
+    case kReduce:
       *count = elems;
       *send_elems = *recv_elems = elems;
       break;
     case kReduceScatter:
+    case kScatter:
       *count = elems / (size_t)n;
       *send_elems = *count * (size_t)n;
       *recv_elems = *count;
       break;
     case kAllgather:
+    case kGather:
       *count = elems / (size_t)n;
       *send_elems = *count;
       *recv_elems = *count * (size_t)n;
@@ -189,7 +210,8 @@ static int layout(int coll, size_t bytes, int n, size_t* count, size_t* send_ele
 static double bus_factor(int coll, int n) {
   switch (coll) {
     case kAllreduce: return 2.0 * (n - 1) / n;
-    case kBcast: return 1.0;
+    case kBcast:
+    case kReduce: return 1.0;
     default: return (double)(n - 1) / n;
   }
 }
@@ -203,6 +225,11 @@ static int call(const Ctx* x, int coll, size_t count, const float* send, float* 
     case kAllgather:
       return MPI_Allgather(send, c, MPI_FLOAT, recv, c, MPI_FLOAT, MPI_COMM_WORLD);
     case kAlltoall: return MPI_Alltoall(send, c, MPI_FLOAT, recv, c, MPI_FLOAT, MPI_COMM_WORLD);
+    case kReduce: return MPI_Reduce(send, recv, c, MPI_FLOAT, MPI_SUM, root, MPI_COMM_WORLD);
+    case kGather:
+      return MPI_Gather(send, c, MPI_FLOAT, recv, c, MPI_FLOAT, root, MPI_COMM_WORLD);
+    case kScatter:
+      return MPI_Scatter(send, c, MPI_FLOAT, recv, c, MPI_FLOAT, root, MPI_COMM_WORLD);
     default:  // kBcast, out of place as nccl-tests: the root sends from send, every rank gets recv
       if (x->rank == root && recv != send) memcpy(recv, send, count * sizeof(float));
       return MPI_Bcast(recv, c, MPI_FLOAT, root, MPI_COMM_WORLD);
@@ -232,13 +259,23 @@ static long long check_once(const Ctx* x, int coll, size_t count, size_t send_el
   int n = x->nranks;
   for (size_t i = 0; i < recv_elems; ++i) {
     float want = 0.0f;
+    // Reduce and Gather fill the root's buffer only; the others' stays as it was.
+    if ((coll == kReduce || coll == kGather) && x->rank != root) {
+      if (x->recv[i] != -1.0f) ++wrong;
+      continue;
+    }
     switch (coll) {
       case kAllreduce:
+        for (int r = 0; r < n; ++r) want += input(r, i);
+        break;
+      case kReduce:
         for (int r = 0; r < n; ++r) want += input(r, i);
         break;
       case kReduceScatter:
         for (int r = 0; r < n; ++r) want += input(r, (size_t)x->rank * count + i);
         break;
+      case kScatter: want = input(root, (size_t)x->rank * count + i); break;
+      case kGather: want = input((int)(i / count), i % count); break;
       case kAllgather: want = input((int)(i / count), i % count); break;
       case kAlltoall: want = input((int)(i / count), (size_t)x->rank * count + i % count); break;
       default: want = input(root, i); break;
@@ -301,7 +338,8 @@ static int run_coll(const Ctx* x, const Options* o, int coll, Row* rows, int max
       double tmax = combine(mine, 3, x->nranks);
       row->time_us = t * 1e6;
       row->time_max_us = tmax * 1e6;
-      double data = (double)count * sizeof(float) * ((coll == kAllreduce || coll == kBcast) ? 1 : x->nranks);
+      double data = (double)count * sizeof(float) *
+                    ((coll == kAllreduce || coll == kBcast || coll == kReduce) ? 1 : x->nranks);
       row->algbw = data / t / 1e9;
       row->busbw = row->algbw * bus_factor(coll, x->nranks);
       long long wrong = 0;
@@ -314,8 +352,8 @@ static int run_coll(const Ctx* x, const Options* o, int coll, Row* rows, int max
         if (row->wrong < 0) snprintf(wbuf, sizeof wbuf, "N/A");
         else snprintf(wbuf, sizeof wbuf, "%lld", row->wrong);
         printf("%12zu  %12zu  %8s  %6s  %6d  %9.2f  %7.3f  %7.3f  %6s\n", row->bytes, row->count,
-               "float", coll == kAllgather || coll == kAlltoall || coll == kBcast ? "none" : "sum",
-               coll == kBcast ? o->root : -1, row->time_us, row->algbw, row->busbw, wbuf);
+               "float", reduces(coll) ? "sum" : "none", rooted(coll) ? o->root : -1, row->time_us,
+               row->algbw, row->busbw, wbuf);
         fflush(stdout);
       }
       if (row->wrong > 0) *failed = 1;
