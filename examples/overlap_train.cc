@@ -28,6 +28,7 @@
 #include <chorus/launch.h>
 #include <chorus/overlap.h>
 #include <nccl.h>
+#include <sys/resource.h>
 
 #include <algorithm>
 #include <chrono>
@@ -158,8 +159,17 @@ double median(std::vector<double> v) {
 
 struct Result {
   double step = 0;
+  double busy = 0;  // of the step, the time not spent waiting for gradients (slowest rank)
   float loss = 0;
 };
+
+// CPU time this process used so far (every thread: the scheduler's and the progress engine's).
+double cpu_s() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
+         1e-6 * static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec);
+}
 
 // Training steps; `reduce` is called after backward (serial), `scheduler` overlaps.
 // `timing`: a communicator of its own for aligning steps and taking the slowest rank's time, so
@@ -167,14 +177,20 @@ struct Result {
 Result train(const Options& o, Model& m, ncclComm_t comm, ncclComm_t timing, chorusOverlap_t scheduler,
              bool serial) {
   m.reset();
-  std::vector<double> times;
+  std::vector<double> times, busy;
   bool have_grads = false;
   for (int step = 0; step < o.warmup + o.steps; ++step) {
     align(timing);
     const double t0 = now_s();
+    double waited = 0;
+    auto wait = [&](int l) {
+      const double w0 = now_s();
+      CHECK_NCCL(chorusOverlapWait(scheduler, m.grad(l)));
+      waited += now_s() - w0;
+    };
     for (int l = 0; l < m.layers(); ++l) {
       if (have_grads) {
-        if (scheduler != nullptr) CHECK_NCCL(chorusOverlapWait(scheduler, m.grad(l)));
+        if (scheduler != nullptr) wait(l);
         m.update(l, kLr);
       }
       m.forward_layer(l);
@@ -190,27 +206,41 @@ Result train(const Options& o, Model& m, ncclComm_t comm, ncclComm_t timing, cho
     have_grads = true;
     // A step ends where the next forward pass could start layer 0: for the scheduler, once
     // layer 0's gradient is reduced (the rest may still be in flight).
-    if (scheduler != nullptr) CHECK_NCCL(chorusOverlapWait(scheduler, m.grad(0)));
-    const double t = slowest(timing, now_s() - t0);
-    if (step >= o.warmup) times.push_back(t);
+    if (scheduler != nullptr) wait(0);
+    const double elapsed = now_s() - t0;
+    const double t = slowest(timing, elapsed);
+    const double b = slowest(timing, elapsed - waited);
+    if (step >= o.warmup) {
+      times.push_back(t);
+      busy.push_back(b);
+    }
   }
   if (scheduler != nullptr) CHECK_NCCL(chorusOverlapWaitAll(scheduler));
-  return Result{median(times), m.loss()};
+  return Result{median(times), median(busy), m.loss()};
 }
 
-// Communication alone: every gradient ready at once.
-double comm_only(const Options& o, Model& m, ncclComm_t timing, chorusOverlap_t scheduler) {
-  std::vector<double> times;
+// Communication alone: every gradient ready at once. Also the CPU time a step of it costs
+// the process (the most of any rank, median over steps): what it takes from compute beside it.
+struct CommOnly {
+  double step = 0;
+  double cpu = 0;
+};
+CommOnly comm_only(const Options& o, Model& m, ncclComm_t timing, chorusOverlap_t scheduler) {
+  std::vector<double> times, cpus;
   for (int step = 0; step < o.warmup + o.steps; ++step) {
     align(timing);
-    const double t0 = now_s();
+    const double t0 = now_s(), c0 = cpu_s();
     for (int l = m.layers() - 1; l >= 0; --l)
       CHECK_NCCL(chorusOverlapReady(scheduler, m.grad(l), m.grad_count(), ncclFloat32));
     CHECK_NCCL(chorusOverlapWaitAll(scheduler));
+    const double c = slowest(timing, cpu_s() - c0);
     const double t = slowest(timing, now_s() - t0);
-    if (step >= o.warmup) times.push_back(t);
+    if (step >= o.warmup) {
+      times.push_back(t);
+      cpus.push_back(c);
+    }
   }
-  return median(times);
+  return CommOnly{median(times), median(cpus)};
 }
 
 chorusOverlapConfig_t policy_config(const std::string& name) {
@@ -297,7 +327,8 @@ int main(int argc, char** argv) {
     CHECK_NCCL(chorusOverlapCreate(comm, &c, &s));
     for (int l = 0; l < o.layers; ++l)
       CHECK_NCCL(chorusOverlapRegister(s, m.grad(l), m.grad_count(), ncclFloat32, l));
-    const double comm_s = comm_only(o, m, timing, s);
+    const CommOnly comm_only_run = comm_only(o, m, timing, s);
+    const double comm_s = comm_only_run.step;
     const Result overlap = train(o, m, comm, timing, s, false);
     chorusOverlapStats_t st;
     CHECK_NCCL(chorusOverlapGetStats(s, &st));
@@ -308,11 +339,14 @@ int main(int argc, char** argv) {
     CHECK_NCCL(chorusOverlapDestroy(s));
     if (rank == 0) {
       const double hidden = (compute.step + comm_s - overlap.step) / comm_s;
-      std::printf("%-10s %-8s %10.1f\n", name.c_str(), "comm", comm_s * 1e3);
-      std::printf("%-10s %-8s %10.1f %12.8f   hidden %.1f %%, %.2fx serial; last step: %lu "
-                  "buckets, %lu agreements, comm %.1f ms, exposed %.1f ms\n",
+      std::printf("%-10s %-8s %10.1f %12s   cpu %.1f ms per step\n", name.c_str(), "comm",
+                  comm_s * 1e3, "", comm_only_run.cpu * 1e3);
+      std::printf("%-10s %-8s %10.1f %12.8f   hidden %.1f %%, %.2fx serial; compute %.1f ms "
+                  "(%+.1f %%); last step: %lu buckets, %lu agreements, comm %.1f ms, exposed "
+                  "%.1f ms\n",
                   name.c_str(), "overlap", overlap.step * 1e3, overlap.loss, 100 * hidden,
-                  serial.step / overlap.step, static_cast<unsigned long>(st.buckets),
+                  serial.step / overlap.step, overlap.busy * 1e3,
+                  100 * (overlap.busy / compute.step - 1), static_cast<unsigned long>(st.buckets),
                   static_cast<unsigned long>(st.agreements), st.commUs / 1e3, st.exposedUs / 1e3);
       std::fflush(stdout);
     }
