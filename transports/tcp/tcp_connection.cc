@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // File: transports/tcp/tcp_connection.cc
 // Non-blocking tagged message IO on one TCP socket: batched sendmsg() for sends, header-checked
-// receives straight into the destination, or through a bounce buffer for reducing receives.
+// receives straight into the destination, or through a bounce buffer for reducing receives;
+// headers and short payloads through a small read-ahead buffer (one recv() per small message).
 #include "transports/tcp/tcp_connection.h"
 
 #include <linux/sockios.h>
@@ -63,7 +64,8 @@ TcpConnection::TcpConnection(UniqueFd fd, int my_rank, int peer, int channel,
       my_rank_(my_rank),
       peer_addr_(peer_label.empty() ? peer_addr.to_string()
                                     : fmt::format("{}, {}", peer_label, peer_addr.to_string())),
-      bounce_bytes_(std::max(bounce_bytes, kMinBounceBytes)) {
+      bounce_bytes_(std::max(bounce_bytes, kMinBounceBytes)),
+      rx_buf_(std::make_unique<uint8_t[]>(kRxBufferBytes)) {
   net::set_nodelay(fd_.get());
   net::set_buffer_sizes(fd_.get(), kSocketBufferBytes);
   net::set_keepalive(fd_.get(), params::kPeerTimeoutMs.get());
@@ -190,6 +192,32 @@ bool TcpConnection::peer_alive() {
 
 // ---- Receives -------------------------------------------------------------------------------
 
+ssize_t TcpConnection::take(void* dst, size_t want, int* err) {
+  if (rx_buf_pos_ == rx_buf_len_) {
+    // Once a recv() found nothing, poll() says when to try again: a waiting rank asks many
+    // times per message, and a recv() takes the socket's lock each time, which the sender's
+    // delivery of the next packet then waits for (on one host, the sender's time).
+    if (rx_drained_) {
+      pollfd p{fd_.get(), POLLIN | POLLRDHUP, 0};
+      if (::poll(&p, 1, 0) == 0) return 0;
+      rx_drained_ = false;
+    }
+    // A short read goes through the buffer, which takes what else has arrived (the payload
+    // after a header, the messages after it) in the same recv(); a long one goes straight to
+    // its destination.
+    ssize_t n = want >= kRxBufferBytes / 2 ? recv_nb(fd_.get(), dst, want, err)
+                                           : recv_nb(fd_.get(), rx_buf_.get(), kRxBufferBytes, err);
+    rx_drained_ = n == 0;
+    if (n <= 0 || want >= kRxBufferBytes / 2) return n;
+    rx_buf_pos_ = 0;
+    rx_buf_len_ = static_cast<size_t>(n);
+  }
+  const size_t n = std::min(want, rx_buf_len_ - rx_buf_pos_);
+  std::memcpy(dst, rx_buf_.get() + rx_buf_pos_, n);
+  rx_buf_pos_ += n;
+  return static_cast<ssize_t>(n);
+}
+
 bool TcpConnection::progress_recvs() {
   bool moved = false;
   while (!recvs_.empty() && !broken_) {
@@ -214,7 +242,7 @@ bool TcpConnection::fill_header(const RecvRequest* req, bool* moved) {
   auto* dst = reinterpret_cast<uint8_t*>(&rx_header_);
   while (rx_header_got_ < kHeaderBytes) {
     int err = 0;
-    ssize_t n = recv_nb(fd_.get(), dst + rx_header_got_, kHeaderBytes - rx_header_got_, &err);
+    ssize_t n = take(dst + rx_header_got_, kHeaderBytes - rx_header_got_, &err);
     if (n == 0) return false;
     if (n < 0 && err == 0 && req == nullptr && rx_header_got_ == 0 && sends_.empty()) {
       // The peer closed between messages while nothing of ours is posted here: not a failure
@@ -274,7 +302,7 @@ bool TcpConnection::read_plain(RecvRequest* req, bool* moved) {
   auto* dst = static_cast<uint8_t*>(req->dst);
   while (rx_payload_got_ < req->bytes) {
     int err = 0;
-    ssize_t n = recv_nb(fd_.get(), dst + rx_payload_got_, req->bytes - rx_payload_got_, &err);
+    ssize_t n = take(dst + rx_payload_got_, req->bytes - rx_payload_got_, &err);
     if (n == 0) return false;
     if (n < 0) {
       fail_all(io_error(err, req, "receiving"));
@@ -297,7 +325,7 @@ bool TcpConnection::read_reduce(RecvRequest* req, bool* moved) {
   while (rx_payload_got_ < req->bytes) {
     size_t want = std::min(bounce_bytes_ - bounce_fill_, req->bytes - rx_payload_got_);
     int err = 0;
-    ssize_t n = recv_nb(fd_.get(), bounce_.get() + bounce_fill_, want, &err);
+    ssize_t n = take(bounce_.get() + bounce_fill_, want, &err);
     if (n == 0) return false;
     if (n < 0) {
       fail_all(io_error(err, req, "receiving"));
@@ -359,7 +387,7 @@ void TcpConnection::read_farewell(const RecvRequest* req) {
   Deadline deadline = Deadline::after_ms(200);
   while (got < want && !deadline.expired()) {
     int err = 0;
-    ssize_t n = recv_nb(fd_.get(), text.data() + got, want - got, &err);
+    ssize_t n = take(text.data() + got, want - got, &err);
     if (n < 0) break;
     if (n == 0) {
       pollfd p{fd_.get(), POLLIN, 0};

@@ -65,9 +65,14 @@ class TcpConnection final : public Connection {
 
  private:
   static constexpr size_t kMaxBatch = 16;  // send requests gathered into one sendmsg()
+  static constexpr size_t kRxBufferBytes = 8192;  // read-ahead of headers and short payloads
 
   bool progress_sends();
   bool progress_recvs();
+  // Up to `want` incoming bytes into dst: what the read-ahead buffer holds first, else one
+  // recv() (into the buffer when `want` is short). As recv_nb: bytes (> 0), 0 when nothing has
+  // arrived, -1 with *err (0: an orderly EOF, once everything before it was taken).
+  ssize_t take(void* dst, size_t want, int* err);
   // Reads the header of the next message (for `req`, which may be null: named in errors).
   // False when it is not complete yet, or when the connection failed (a farewell, corruption).
   bool fill_header(const RecvRequest* req, bool* moved);
@@ -103,6 +108,10 @@ class TcpConnection final : public Connection {
   size_t rx_payload_got_ = 0;  // payload bytes read (or reduced) for the front receive
   std::unique_ptr<uint8_t[]> bounce_;
   size_t bounce_fill_ = 0;  // bytes in bounce_ (a partial element carried over)
+  // Bytes read from the socket and not yet taken: rx_buf_[rx_buf_pos_, rx_buf_len_).
+  std::unique_ptr<uint8_t[]> rx_buf_;
+  size_t rx_buf_pos_ = 0, rx_buf_len_ = 0;
+  bool rx_drained_ = false;  // the last recv() found nothing: poll() before the next
 };
 
 }  // namespace chorus::tcp
