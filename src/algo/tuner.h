@@ -70,6 +70,9 @@ struct CostModel {
   // Links a host's inter-host traffic may spread over (Shape::rails): 1 unless a topology file
   // (CHORUS_TOPO_FILE) says more.
   int rails = 1;
+  // Some pair of ranks talks over a transport that reaches other hosts (TCP, UCX, verbs); false
+  // when every pair shares memory (shm, direct). Agreed by every rank, as the rest.
+  bool network = true;
   std::string to_string() const;
 };
 

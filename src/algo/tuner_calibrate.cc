@@ -293,6 +293,7 @@ Result<CostModel> calibrate(Comm& comm) {
       b = peer;
     }
   }
+  if (slowest != nullptr) model.network = slowest->caps.reach == TransportCaps::Reach::kAnyHost;
   // A topology file: every rank was given the same one, or none fails alike.
   if (topo_file.state == TopoFile::kBad) return topo_file.error;
   auto topo_name = [&](int r) {

@@ -464,6 +464,10 @@ double predict_us(const algo::CostModel& m, CollKind coll, size_t bytes, const a
 bool pays(const algo::CostModel& m, CollKind coll, size_t bytes, const algo::Shape& shape,
           DataType dtype, const Settings& s) {
   if (shape.nranks <= 1) return false;
+  // Ranks that share memory move bytes faster than the codec makes them: the model's
+  // figures for such links, measured once at creation, can say otherwise (with more ranks than
+  // cores their latency is the scheduler's), so it is not asked.
+  if (!m.network) return false;
   double plain = 1e30;
   for (algo::Algo a : algo::algorithms_for(coll))
     plain = std::min(plain, algo::predict_us(m, a, coll, bytes, shape));
