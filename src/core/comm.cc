@@ -216,11 +216,6 @@ bool Comm::advance() {
     if (moved) {
       op->last_progress_ns = now_coarse_ns();
       progressed = true;
-    } else if (aborting()) {
-      finish_op(*op, remote_error("{} was aborted during {}{}", describe(), op->describe(),
-                                  waiting_summary(*op)));
-      progressed = true;
-      continue;
     } else if (Status status = check_stuck(*op); !status.ok()) {
       finish_op(*op, std::move(status));
       progressed = true;
@@ -363,26 +358,13 @@ bool Comm::collect_poll_fds(std::vector<pollfd>* fds) const {
 }
 
 Status Comm::check_stuck(Op& op) {
-  const int64_t now = now_coarse_ns();
-  if (op.fibers && now >= next_alive_check_ns_) {
-    next_alive_check_ns_ = now + params::kLivenessMs.get() * 1000000;
-    waited_for_.clear();
-    for (const Request* r : op.fibers->waiting_requests()) waited_for_.push_back(r->peer);
-    if (Status dead = peer_watch_.check_now(waited_for_); !dead.ok()) {
-      return remote_error("rank {}: {}{}", rank(), dead.message(), waiting_summary(op));
-    }
-    // Peers on other hosts: a path whose peer stopped acknowledging fails its link, and so the
-    // requests waiting on it (their operation then fails with the link's reason).
-    for (int peer : waited_for_) {
-      if (PeerLink* l = peer >= 0 && peer < nranks() ? link(peer) : nullptr; l != nullptr)
-        l->check_alive();  // a link that failed already stays failed: it asks nothing
-    }
-  }
-  const int64_t timeout_ms = timeout_ms_.load(std::memory_order_relaxed);
-  const int64_t idle_ns = now - op.last_progress_ns;
-  if (idle_ns < timeout_ms * 1000000) return Status();
-  return remote_error("rank {}: no progress for {:.1f} s (timeout {} ms){}", rank(),
-                      idle_ns / 1e9, timeout_ms, waiting_summary(op));
+  return check_wait(
+      now_coarse_ns(), op.last_progress_ns,
+      [&](std::vector<int>* peers) {
+        if (!op.fibers) return;
+        for (const Request* r : op.fibers->waiting_requests()) peers->push_back(r->peer);
+      },
+      [&] { return op.describe(); }, [&] { return waiting_summary(op); });
 }
 
 std::string Comm::waiting_summary(const Op& op) const {

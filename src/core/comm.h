@@ -22,6 +22,7 @@
 #include "net/socket.h"
 #include "common/clock.h"
 #include "common/dtype.h"
+#include "common/params.h"
 #include "common/status.h"
 #include "core/flight_recorder.h"
 #include "core/liveness.h"
@@ -280,10 +281,21 @@ class Comm : public std::enable_shared_from_this<Comm> {
   bool progress_connections();
   // With an error: each peer is told why first (Connection::farewell).
   void close_connections(const Status& why = Status());
-  // Timeout and dead peers, checked on passes without progress: the error to fail op with.
+  // Abort, timeout and dead peers, checked on passes without progress: the error to fail op
+  // with (check_wait for an operation).
   Status check_stuck(Op& op);
-  // "; waiting for rank 2 (host h, pid 7) to send its data (0 of 64 bytes done)" (drive lock).
+  // The bounded wait of every blocking path (an operation, the express paths), checked on a
+  // pass without progress at `now`: abort; every CHORUS_LIVENESS_MS, the peers that
+  // `collect(std::vector<int>*)` names (a same-host peer whose process exited; a remote path
+  // that stopped answering fails its link, and so what waits on it); and timeout_ms() without
+  // progress since `last_progress_ns`. The error names the call (`what()`, as describe_tag)
+  // and what it still waits for (`waiting()`, as waiting_summary); OK while none applies.
+  // Drive lock.
+  template <typename Collect, typename What, typename Waiting>
+  Status check_wait(int64_t now, int64_t last_progress_ns, Collect&& collect, What&& what,
+                    Waiting&& waiting);
   void collect_path_reports(int peer, std::vector<PathReport>* out) const;  // drive lock
+  // "; waiting for rank 2 (host h, pid 7) to send its data (0 of 64 bytes done)" (drive lock).
   std::string waiting_summary(const Op& op) const;
   // Opens every registered transport (those that fail to open are left out of PeerInfo).
   void open_transports(PeerInfo* me);
@@ -370,5 +382,26 @@ class Comm : public std::enable_shared_from_this<Comm> {
   // The open transports' key factories are added at setup and removed by shutdown().
   RegistrationCache registrations_{[this] { return describe(); }};
 };
+
+template <typename Collect, typename What, typename Waiting>
+Status Comm::check_wait(int64_t now, int64_t last_progress_ns, Collect&& collect, What&& what,
+                        Waiting&& waiting) {
+  if (aborting()) return remote_error("{} was aborted during {}{}", describe(), what(), waiting());
+  if (now >= next_alive_check_ns_) {
+    next_alive_check_ns_ = now + params::kLivenessMs.get() * 1000000;
+    waited_for_.clear();
+    collect(&waited_for_);
+    if (Status dead = peer_watch_.check_now(waited_for_); !dead.ok())
+      return remote_error("rank {}: {}{}", rank(), dead.message(), waiting());
+    for (int peer : waited_for_) {
+      if (PeerLink* l = peer >= 0 && peer < nranks() ? link(peer) : nullptr; l != nullptr)
+        l->check_alive();  // a link that failed already stays failed: it asks nothing
+    }
+  }
+  const int64_t limit_ms = timeout_ms();
+  if (now - last_progress_ns < limit_ms * 1000000) return Status();
+  return remote_error("rank {}: no progress for {:.1f} s (timeout {} ms){}", rank(),
+                      static_cast<double>(now - last_progress_ns) / 1e9, limit_ms, waiting());
+}
 
 }  // namespace chorus

@@ -6,7 +6,7 @@
 // when the call ends (and first when a wait lasts a millisecond). The messages are those the
 // box algorithm's fiber sends (algo::BoxCollective is the one implementation of both), so
 // ranks on either path meet. A wait polls the awaited word briefly, then becomes the bounded
-// wait of an operation (core/comm.cc, check_stuck): abort, a same-host peer that exited, and
+// wait of an operation (Comm::check_wait): abort, a same-host peer that exited, and
 // CHORUS_TIMEOUT_MS without progress, each naming the peer waited for.
 #include <fmt/format.h>
 
@@ -91,24 +91,15 @@ bool Comm::run_express(const CollCall& in, Status* result) {
     while (!ready()) {
       const int waited = run.waiting_peer();
       const int64_t now = now_coarse_ns();
-      auto waiting = [&] {
-        return fmt::format("; waiting for {} to {} (0 of {} bytes done)", peer(waited).describe(),
-                           run.waiting_to_send() ? "take our data" : "send its data",
-                           run.message_bytes());
-      };
-      if (aborting()) {
-        status = remote_error("{} was aborted during {}{}", describe(), describe_tag(tag),
-                              waiting());
-      } else if (now >= next_alive_check_ns_) {
-        next_alive_check_ns_ = now + params::kLivenessMs.get() * 1000000;
-        if (Status dead = peer_watch_.check_now(std::span<const int>(&waited, 1)); !dead.ok())
-          status = remote_error("rank {}: {}{}", rank(), dead.message(), waiting());
-      }
-      if (status.ok() && now - last_progress_ns >= timeout_ms() * 1000000) {
-        status = remote_error("rank {}: no progress for {:.1f} s (timeout {} ms){}", rank(),
-                              static_cast<double>(now - last_progress_ns) / 1e9, timeout_ms(),
-                              waiting());
-      }
+      status = check_wait(
+          now, last_progress_ns, [&](std::vector<int>* peers) { peers->push_back(waited); },
+          [&] { return describe_tag(tag); },
+          [&] {
+            return fmt::format("; waiting for {} to {} (0 of {} bytes done)",
+                               peer(waited).describe(),
+                               run.waiting_to_send() ? "take our data" : "send its data",
+                               run.message_bytes());
+          });
       if (!status.ok()) break;
       if (!recorded && now - last_progress_ns >= kRecordWaitsFromNs) {
         record = recorder_.running(summarize);

@@ -6,7 +6,7 @@
 // are done: no operation object, coroutine frames, registration pins or queue. The messages
 // are tagged as the send/receive batch of a queued operation tags them (Comm::admit, and
 // algo::send_recv_batch's channel 0), so a peer on either path matches them. The wait is the
-// bounded wait of an operation (Comm::check_stuck): abort, a dead same-host peer, a remote path
+// bounded wait of an operation (Comm::check_wait): abort, a dead same-host peer, a remote path
 // that stopped answering, and CHORUS_TIMEOUT_MS without progress, each naming the peer waited
 // for; a failure poisons the communicator as a failed operation does.
 #include <fmt/format.h>
@@ -135,29 +135,14 @@ bool Comm::run_p2p_express(std::span<const CollCall* const> calls, Status* resul
     }
     const int64_t now = now_coarse_ns();
     if (last_progress_ns == 0) last_progress_ns = now;
-    if (aborting()) {
-      status = remote_error("{} was aborted during {}{}", describe(),
-                            describe_calls(), waiting());
-      break;
-    }
-    if (now >= next_alive_check_ns_) {
-      next_alive_check_ns_ = now + params::kLivenessMs.get() * 1000000;
-      waited_for_.clear();
-      for (size_t i = pending; i < n; ++i)
-        if (!request(i).done()) waited_for_.push_back(request(i).peer);
-      if (Status dead = peer_watch_.check_now(waited_for_); !dead.ok()) {
-        status = remote_error("rank {}: {}{}", rank(), dead.message(), waiting());
-        break;
-      }
-      // A remote path whose peer stopped acknowledging fails its link, and so its requests.
-      for (int p : waited_for_) link(p)->check_alive();
-    }
-    if (now - last_progress_ns >= timeout_ms() * 1000000) {
-      status = remote_error("rank {}: no progress for {:.1f} s (timeout {} ms){}", rank(),
-                            static_cast<double>(now - last_progress_ns) / 1e9, timeout_ms(),
-                            waiting());
-      break;
-    }
+    status = check_wait(
+        now, last_progress_ns,
+        [&](std::vector<int>* peers) {
+          for (size_t i = pending; i < n; ++i)
+            if (!request(i).done()) peers->push_back(request(i).peer);
+        },
+        describe_calls, waiting);
+    if (!status.ok()) break;
     if (!recorded && now - last_progress_ns >= kRecordWaitsFromNs) {
       record = recorder_.running(summarize);
       recorded = true;
