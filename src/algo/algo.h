@@ -26,6 +26,9 @@ namespace chorus::algo {
 
 // The root task of an operation: dispatches on the collective and algorithm.
 Task run_op(Comm& comm, Op& op);
+// The task of one collective call, `call.tag` set (as admit() sets it), without an operation:
+// what run_op runs for a collective, from the express path (Comm::run_express).
+Task run_call(OpContext& ctx, CollCall call);
 
 // A call ready for an algorithm: reduction resolved to a kernel.
 struct Args {

@@ -255,6 +255,8 @@ Args args_for(const CollCall& call) {
   return a;
 }
 
+Task run_call(OpContext& ctx, CollCall call) { return run_collective(ctx, std::move(call)); }
+
 Task run_op(Comm& comm, Op& op) {
   if (op.is_internal()) {
     OpContext ctx(comm, op.calls().front().tag, &op);

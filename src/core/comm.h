@@ -185,6 +185,10 @@ class Comm : public std::enable_shared_from_this<Comm> {
   // small-message boxes and the comm is idle, runs it from the caller's frame, without an
   // operation, and sets *result to how it ended. False when it cannot (then queue it or
   // start_direct() it).
+  // Calls that the tuner sends elsewhere run there the same way, from the caller's frame, when
+  // their choice_bytes are at most kExpressBytes: their algorithm's fibers stepped in a loop, as
+  // an operation's are, without the operation.
+  static constexpr size_t kExpressBytes = 8192;
   bool run_express(const CollCall& call, Status* result);
   // The express path of small blocking sends and receives (express_p2p.cc): a lone send or
   // receive, or a group of up to kExpressP2pCalls of them, none to this rank and none over
@@ -274,6 +278,8 @@ class Comm : public std::enable_shared_from_this<Comm> {
   // connections (requests in the caller's frame may still be posted), and a thread that queued
   // an operation meanwhile is woken. Sets *result.
   void end_express(Status status, Status* result);
+  // run_express for a call the boxes do not take: its algorithm's fibers, stepped here.
+  bool run_express_fibers(const CollCall& in, const MsgTag& tag, Status* result);
   Status start_op(Op& op);
   // Pins the registrations the op's buffers lie in (Op::pins, Op::shared).
   Status pin_buffers(Op& op);

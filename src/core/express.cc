@@ -11,7 +11,9 @@
 #include <fmt/format.h>
 
 #include <span>
+#include <string>
 
+#include "algo/algo.h"
 #include "algo/box.h"
 #include "common/clock.h"
 #include "common/params.h"
@@ -25,13 +27,21 @@ namespace {
 // Polls of the awaited word before the bounded wait: 1-3 microseconds of pause instructions
 // (20 ns each on the development VM, up to 40 on recent Intel cores).
 constexpr int kQuickPolls = 64;
+// A collective call's flight-recorder entry (as Op::summarize writes one).
+void summarize_call(const CollCall& in, const MsgTag& tag, OpSummary* what) {
+  what->kind = OpSummary::Kind::kCollective;
+  what->ncalls = 1;
+  what->nsends = 0;
+  what->bytes = in.count * datatype_size(in.dtype);
+  what->calls[0] = {tag, tag.root, false};
+}
 }  // namespace
 
 bool Comm::run_express(const CollCall& in, Status* result) {
-  if (!boxes_ || in.compressor || in.op.kind == RedOpKind::kPreMulSum ||
-      params::kExpress.get() == 0)
+  if (in.compressor || in.op.kind == RedOpKind::kPreMulSum || params::kExpress.get() == 0)
     return false;
   const size_t bytes = algo::choice_bytes(in, nranks());
+  if (!boxes_ && bytes > kExpressBytes) return false;
   // CHORUS_COMPRESS may take plain AllReduce and ReduceScatter calls from this size up.
   if ((in.kind == CollKind::kAllReduce || in.kind == CollKind::kReduceScatter) &&
       bytes >= compress::transparent_min_bytes())
@@ -40,7 +50,9 @@ bool Comm::run_express(const CollCall& in, Status* result) {
   if (!drive.owns_lock() || current_ != nullptr ||
       pending_ops_.load(std::memory_order_acquire) != 0)
     return false;
-  if (choose(in.kind, bytes).algo != algo::Algo::kBox) return false;  // drive lock: its cache
+  // The boxes, or another algorithm for a small call (drive lock: the tuner's cache).
+  const bool box = boxes_ && choose(in.kind, bytes).algo == algo::Algo::kBox;
+  if (!box && bytes > kExpressBytes) return false;
 
   // What admit() does for a queued operation.
   if (Status unusable = check_usable(); !unusable.ok()) {
@@ -56,13 +68,8 @@ bool Comm::run_express(const CollCall& in, Status* result) {
   tag.seq = coll_seq_++;
   // The flight-recorder entry is written once, when the call ends, unless a wait lasts long
   // enough to matter for a diagnosis (then the call shows as running while it waits).
-  auto summarize = [&](OpSummary* what) {
-    what->kind = OpSummary::Kind::kCollective;
-    what->ncalls = 1;
-    what->nsends = 0;
-    what->bytes = in.count * datatype_size(in.dtype);
-    what->calls[0] = {tag, tag.root, false};
-  };
+  auto summarize = [&](OpSummary* what) { summarize_call(in, tag, what); };
+  if (!box) return run_express_fibers(in, tag, result);
   constexpr int64_t kRecordWaitsFromNs = 1000000;
   bool recorded = false;
   uint64_t record = 0;
@@ -120,6 +127,67 @@ bool Comm::run_express(const CollCall& in, Status* result) {
     recorder_.completed(summarize, status);
   }
   end_express(std::move(status), result);
+  return true;
+}
+
+bool Comm::run_express_fibers(const CollCall& in, const MsgTag& tag, Status* result) {
+  auto summarize = [&](OpSummary* what) { summarize_call(in, tag, what); };
+  constexpr int64_t kRecordWaitsFromNs = 1000000;
+  bool recorded = false;
+  uint64_t record = 0;
+  CollCall call = in;
+  call.tag = tag;
+  OpContext ctx(*this, tag);
+  FiberSet fibers(algo::run_call(ctx, call));
+  auto waiting = [&] {
+    std::string text;
+    for (const Request* r : fibers.waiting_requests()) {
+      text += fmt::format("; waiting for {} to {} ({} of {} bytes done)", peer(r->peer).describe(),
+                          r->is_send ? "take our data" : "send its data",
+                          r->bytes_done.load(std::memory_order_relaxed), r->bytes);
+    }
+    return text;
+  };
+  Status status;
+  Idler idler;
+  int64_t last_progress_ns = 0;  // 0: progressing (the clock is read only once stalled)
+  for (;;) {
+    bool moved = progress_connections();
+    moved |= fibers.step_all();
+    if (fibers.done()) {
+      status = fibers.take_status();
+      break;
+    }
+    if (moved) {
+      last_progress_ns = 0;
+      idler.reset();
+      continue;
+    }
+    const int64_t now = now_coarse_ns();
+    if (last_progress_ns == 0) last_progress_ns = now;
+    status = check_wait(
+        now, last_progress_ns,
+        [&](std::vector<int>* peers) {
+          for (const Request* r : fibers.waiting_requests()) peers->push_back(r->peer);
+        },
+        [&] { return describe_tag(tag); }, waiting);
+    if (!status.ok()) break;
+    if (!recorded && now - last_progress_ns >= kRecordWaitsFromNs) {
+      record = recorder_.running(summarize);
+      recorded = true;
+    }
+    idler.idle([&] { return progress_connections(); },
+               [&](std::vector<pollfd>* fds) { return collect_poll_fds(fds); });
+  }
+
+  // What finish_op() does.
+  if (!status.ok()) status.with_context(fmt::format("{} on {}", describe_tag(tag), describe()));
+  if (recorded) {
+    recorder_.finished(record, status);
+  } else {
+    recorder_.completed(summarize, status);
+  }
+  end_express(std::move(status), result);  // before the fibers' requests in this frame go
   return true;
 }
 
