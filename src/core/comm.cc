@@ -368,14 +368,19 @@ Status Comm::check_stuck(Op& op) {
 }
 
 std::string Comm::waiting_summary(const Op& op) const {
+  return op.fibers ? waiting_summary(*op.fibers) : std::string();
+}
+
+std::string Comm::waiting_summary(const FiberSet& fibers) const {
   std::string waiting;
-  if (!op.fibers) return waiting;
-  for (const Request* r : op.fibers->waiting_requests()) {
-    waiting += fmt::format("; waiting for {} to {} ({} of {} bytes done)", peer(r->peer).describe(),
-                           r->is_send ? "take our data" : "send its data",
-                           r->bytes_done.load(std::memory_order_relaxed), r->bytes);
-  }
+  for (const Request* r : fibers.waiting_requests()) waiting += waiting_for(*r);
   return waiting;
+}
+
+std::string Comm::waiting_for(const Request& r) const {
+  return fmt::format("; waiting for {} to {} ({} of {} bytes done)", peer(r.peer).describe(),
+                     r.is_send ? "take our data" : "send its data",
+                     r.bytes_done.load(std::memory_order_relaxed), r.bytes);
 }
 
 std::string Comm::dump_flight_recorder() {

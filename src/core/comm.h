@@ -273,10 +273,15 @@ class Comm : public std::enable_shared_from_this<Comm> {
   // The error a call on an aborted or failed comm gets (admit's first check, and the express
   // paths'); OK when the comm is usable.
   Status check_usable();
-  // The end of an express call (express.cc, express_p2p.cc) once its flight-recorder entry is
-  // written, as finish_op() ends an operation: a failure poisons the comm and closes its
-  // connections (requests in the caller's frame may still be posted), and a thread that queued
-  // an operation meanwhile is woken. Sets *result.
+  // The end of an express call (express.cc, express_p2p.cc), as finish_op() ends an operation:
+  // a failure gets the call's name (`what()`) as context; its flight-recorder entry is written
+  // (`record`, from recorder_.running(), when the call waited long enough to show as running;
+  // else one completed entry, described by `summarize`); a failure poisons the comm and closes
+  // its connections (requests in the caller's frame may still be posted), and a thread that
+  // queued an operation meanwhile is woken. Sets *result.
+  template <typename What, typename Fill>
+  void end_express(Status status, What&& what, bool recorded, uint64_t record,
+                   const Fill& summarize, Status* result);
   void end_express(Status status, Status* result);
   // run_express for a call the boxes do not take: its algorithm's fibers, stepped here.
   bool run_express_fibers(const CollCall& in, const MsgTag& tag, Status* result);
@@ -301,8 +306,11 @@ class Comm : public std::enable_shared_from_this<Comm> {
   Status check_wait(int64_t now, int64_t last_progress_ns, Collect&& collect, What&& what,
                     Waiting&& waiting);
   void collect_path_reports(int peer, std::vector<PathReport>* out) const;  // drive lock
-  // "; waiting for rank 2 (host h, pid 7) to send its data (0 of 64 bytes done)" (drive lock).
+  // "; waiting for rank 2 (host h, pid 7) to send its data (0 of 64 bytes done)", for each
+  // request the op's fibers (or `fibers`) wait on, or for `r` alone (drive lock).
   std::string waiting_summary(const Op& op) const;
+  std::string waiting_summary(const FiberSet& fibers) const;
+  std::string waiting_for(const Request& r) const;
   // Opens every registered transport (those that fail to open are left out of PeerInfo).
   void open_transports(PeerInfo* me);
   Status connect_transports(const std::vector<PeerInfo>& infos);
@@ -408,6 +416,18 @@ Status Comm::check_wait(int64_t now, int64_t last_progress_ns, Collect&& collect
   if (now - last_progress_ns < limit_ms * 1000000) return Status();
   return remote_error("rank {}: no progress for {:.1f} s (timeout {} ms){}", rank(),
                       static_cast<double>(now - last_progress_ns) / 1e9, limit_ms, waiting());
+}
+
+template <typename What, typename Fill>
+void Comm::end_express(Status status, What&& what, bool recorded, uint64_t record,
+                       const Fill& summarize, Status* result) {
+  if (!status.ok()) status.with_context(fmt::format("{} on {}", what(), describe()));
+  if (recorded) {
+    recorder_.finished(record, status);
+  } else {
+    recorder_.completed(summarize, status);
+  }
+  end_express(std::move(status), result);
 }
 
 }  // namespace chorus

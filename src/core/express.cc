@@ -119,14 +119,8 @@ bool Comm::run_express(const CollCall& in, Status* result) {
   if (status.ok() && !run.status().ok()) status = run.status();
   if (status.ok()) algo::divide_average(in, nranks(), rank());
 
-  // What finish_op() does.
-  if (!status.ok()) status.with_context(fmt::format("{} on {}", describe_tag(tag), describe()));
-  if (recorded) {
-    recorder_.finished(record, status);
-  } else {
-    recorder_.completed(summarize, status);
-  }
-  end_express(std::move(status), result);
+  end_express(std::move(status), [&] { return describe_tag(tag); }, recorded, record, summarize,
+              result);
   return true;
 }
 
@@ -139,15 +133,6 @@ bool Comm::run_express_fibers(const CollCall& in, const MsgTag& tag, Status* res
   call.tag = tag;
   OpContext ctx(*this, tag);
   FiberSet fibers(algo::run_call(ctx, call));
-  auto waiting = [&] {
-    std::string text;
-    for (const Request* r : fibers.waiting_requests()) {
-      text += fmt::format("; waiting for {} to {} ({} of {} bytes done)", peer(r->peer).describe(),
-                          r->is_send ? "take our data" : "send its data",
-                          r->bytes_done.load(std::memory_order_relaxed), r->bytes);
-    }
-    return text;
-  };
   Status status;
   Idler idler;
   int64_t last_progress_ns = 0;  // 0: progressing (the clock is read only once stalled)
@@ -170,7 +155,7 @@ bool Comm::run_express_fibers(const CollCall& in, const MsgTag& tag, Status* res
         [&](std::vector<int>* peers) {
           for (const Request* r : fibers.waiting_requests()) peers->push_back(r->peer);
         },
-        [&] { return describe_tag(tag); }, waiting);
+        [&] { return describe_tag(tag); }, [&] { return waiting_summary(fibers); });
     if (!status.ok()) break;
     if (!recorded && now - last_progress_ns >= kRecordWaitsFromNs) {
       record = recorder_.running(summarize);
@@ -180,14 +165,9 @@ bool Comm::run_express_fibers(const CollCall& in, const MsgTag& tag, Status* res
                [&](std::vector<pollfd>* fds) { return collect_poll_fds(fds); });
   }
 
-  // What finish_op() does.
-  if (!status.ok()) status.with_context(fmt::format("{} on {}", describe_tag(tag), describe()));
-  if (recorded) {
-    recorder_.finished(record, status);
-  } else {
-    recorder_.completed(summarize, status);
-  }
-  end_express(std::move(status), result);  // before the fibers' requests in this frame go
+  // Before the fibers' requests in this frame go.
+  end_express(std::move(status), [&] { return describe_tag(tag); }, recorded, record, summarize,
+              result);
   return true;
 }
 

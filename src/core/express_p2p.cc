@@ -115,10 +115,7 @@ bool Comm::run_p2p_express(std::span<const CollCall* const> calls, Status* resul
     std::string text;
     for (size_t i = pending; i < n; ++i) {
       const Request& r = request(i);
-      if (r.done()) continue;
-      text += fmt::format("; waiting for {} to {} ({} of {} bytes done)", peer(r.peer).describe(),
-                          r.is_send ? "take our data" : "send its data",
-                          r.bytes_done.load(std::memory_order_relaxed), r.bytes);
+      if (!r.done()) text += waiting_for(r);
     }
     return text;
   };
@@ -151,16 +148,8 @@ bool Comm::run_p2p_express(std::span<const CollCall* const> calls, Status* resul
                [&](std::vector<pollfd>* fds) { return collect_poll_fds(fds); });
   }
 
-  // What finish_op() does.
-  if (!status.ok()) {
-    status.with_context(fmt::format("{} on {}", describe_calls(), describe()));
-  }
-  if (recorded) {
-    recorder_.finished(record, status);
-  } else {
-    recorder_.completed(summarize, status);
-  }
-  end_express(std::move(status), result);  // before the requests in this frame go
+  // Before the requests in this frame go.
+  end_express(std::move(status), describe_calls, recorded, record, summarize, result);
   return true;
 }
 
