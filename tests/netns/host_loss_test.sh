@@ -43,15 +43,48 @@ rm -f "$work"/rank[01].*
 "$TESTBED" launch -n 2 --ifname rail -x CHORUS_PEER_TIMEOUT_MS=4000 -x CHORUS_TIMEOUT_MS=300000 \
   bash "$work/wrap.sh" "$work" "${tool[@]}" -b 4M -e 4M -n 2000 -w 1 -c 0 > "$work/launch.log" 2>&1 &
 launcher=$!
-# Wait until both ranks are in the timed loop (bytes flowing on the link), then cut host 1 off.
-for _ in $(seq 1 100); do
-  tx=$("$TESTBED" run 0 cat /sys/class/net/rail0/statistics/tx_bytes)
-  rx=$("$TESTBED" run 0 cat /sys/class/net/rail0/statistics/rx_bytes)
-  [ $((tx + rx)) -gt $((64 << 20)) ] && break
+# Cut host 1 off only once both ranks are in the timed loop: rank 0 has printed the table's
+# header (every rank joined and set up) and bytes flow on host 0's rails. A cut before that
+# would test bootstrap instead (whose own bound, CHORUS_BOOTSTRAP_TIMEOUT_MS, is 120 s).
+rail_bytes() {
+  local sum=0 r
+  for r in $(seq 0 $((TESTBED_RAILS - 1))); do
+    sum=$((sum + $("$TESTBED" run 0 cat /sys/class/net/rail$r/statistics/tx_bytes) +
+      $("$TESTBED" run 0 cat /sys/class/net/rail$r/statistics/rx_bytes)))
+  done
+  echo "$sum"
+}
+started=0
+for _ in $(seq 1 300); do  # 60 s: setup is slow on a loaded machine
+  if [ "$started" = 0 ] && grep -q '(elements)' "$work/rank0.log" 2> /dev/null; then
+    started=$(rail_bytes)
+  fi
+  [ "$started" != 0 ] && [ $(($(rail_bytes) - started)) -gt $((64 << 20)) ] && break
+  if ! kill -0 $launcher 2> /dev/null; then break; fi
   sleep 0.2
 done
+if [ "$started" = 0 ] || ! kill -0 $launcher 2> /dev/null; then
+  cat "$work/launch.log" "$work"/rank[01].log 2> /dev/null || true
+  echo "FAIL: $case: the ranks did not reach their timed loop (or ended before the cut)"
+  kill $launcher 2> /dev/null || true
+  exit 1
+fi
 cut=$(date +%s%N)
 for r in $(seq 0 $((TESTBED_RAILS - 1))); do "$TESTBED" link 1 "$r" down > /dev/null; done
+# Each rank must end within limit_s; a rank that hangs is reported here, with its output,
+# rather than by the test's own timeout.
+for _ in $(seq 1 $((limit_s * 2 * 5))); do
+  kill -0 $launcher 2> /dev/null || break
+  sleep 0.2
+done
+if kill -0 $launcher 2> /dev/null; then
+  for rank in 0 1; do
+    [ -f "$work/rank$rank.end" ] || { echo "rank $rank still running; its output:"; cat "$work/rank$rank.log"; }
+  done
+  echo "FAIL: $case: a rank was still running $((limit_s * 2)) s after the cut"
+  kill $launcher 2> /dev/null || true
+  exit 1
+fi
 wait $launcher || true
 for rank in 0 1; do
   peer=$((1 - rank))
