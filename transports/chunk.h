@@ -88,8 +88,8 @@ class PeerLink {
   // Why the link failed (a path's error, or a chunk that fits no receive); OK while healthy.
   const Status& error() const { return error_; }
   // Asks every path whether its peer still answers (Connection::check_alive). A path that does
-  // not fails the link (failing over to the other paths is not built yet): false, error() says
-  // why.
+  // not fails the link: false, error() says why. (A transport may fail over below this layer:
+  // TCP paths over several rails carry a failed path's traffic on a sibling, and answer yes.)
   bool check_alive();
   const PathStats& path_stats(size_t i) const { return stats_[i]; }
 

@@ -77,6 +77,11 @@ IntParam kStreamCopyBytes("STREAM_COPY_BYTES", nullptr, 256 << 10, 0, 1ll << 40,
                           "caches; 0 turns them off");
 IntParam kTcpBounceBytes("TCP_BOUNCE_BYTES", nullptr, 1 << 20, 4 << 10, 1ll << 30,
                          "staging buffer a TCP receive reduces from");
+IntParam kTcpFailover("TCP_FAILOVER", nullptr, 1, 0, 1,
+                      "1 = the TCP connections to a peer on several rails stand in for each "
+                      "other: when one fails, its traffic continues on another and the "
+                      "operations carry on (each keeps a copy of what it sent until "
+                      "acknowledged); 0 = a failed connection fails the operations");
 
 StringParam kIbHca("IB_HCA", "IB_HCA", "", nullptr,
                    "RDMA devices and ports the verbs transport may use: comma-separated "
@@ -189,7 +194,7 @@ const std::vector<Param*>& all() {
   static const std::vector<Param*> list = {
       &kDebug,        &kDebugSubsys,   &kDebugFile,    &kSocketIfname, &kSocketFamily,
       &kBootstrapTimeoutMs, &kConnectTimeoutMs, &kHostId, &kTransport, &kNumChannels,
-      &kPathChunkBytes, &kShmFifoBytes, &kShmCmaBytes,   &kShmMapBytes,   &kStreamCopyBytes, &kTcpBounceBytes,
+      &kPathChunkBytes, &kShmFifoBytes, &kShmCmaBytes,   &kShmMapBytes,   &kStreamCopyBytes, &kTcpBounceBytes, &kTcpFailover,
       &kIbHca, &kIbAddrFamily, &kIbGidIndex, &kIbTimeout, &kIbRetryCnt, &kIbTc, &kIbSl, &kIbSlots, &kIbSlotBytes, &kIbRdvBytes, &kIbQpsPerConnection, &kTimeoutMs,   &kSpinUs,       &kLivenessMs, &kPeerTimeoutMs,
       &kFlightRecorderOps, &kCommBlocking,
       &kAlgo,         &kChunkBytes,    &kBoxBytes,    &kExpress,     &kTuner,        &kTunerFile,   &kTopoFile,    &kKernels,

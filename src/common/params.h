@@ -126,6 +126,7 @@ extern IntParam kShmCmaBytes;
 extern IntParam kShmMapBytes;
 extern IntParam kStreamCopyBytes;
 extern IntParam kTcpBounceBytes;
+extern IntParam kTcpFailover;
 // RDMA verbs (transports/verbs).
 extern StringParam kIbHca;
 extern StringParam kIbAddrFamily;

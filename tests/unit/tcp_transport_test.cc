@@ -5,8 +5,12 @@
 // that go away and intruders.
 #include "transports/tcp/tcp_transport.h"
 
+#include <sys/socket.h>
+
 #include <catch2/catch.hpp>
 #include <cstring>
+#include <random>
+#include <deque>
 #include <functional>
 #include <numeric>
 #include <string>
@@ -17,6 +21,7 @@
 #include "bootstrap/wire.h"
 #include "common/dtype.h"
 #include "kernels/reduce/reduce.h"
+#include "transports/tcp/tcp_connection.h"
 
 namespace chorus::tcp {
 namespace {
@@ -363,6 +368,159 @@ TEST_CASE("tcp: a missing peer times out with a message naming it", "[unit][tcp]
   CHECK_THAT(result.status().message(), Catch::Contains("rank 0 ("));
   CHECK_THAT(result.status().message(), Catch::Contains("rank 2 ("));
   CHECK_THAT(result.status().message(), Catch::Contains("CHORUS_CONNECT_TIMEOUT_MS"));
+}
+
+}  // namespace chorus::tcp
+
+namespace chorus::tcp {
+namespace {
+
+// Both ranks' connections to each other (2 channels) joined as failover groups, as the plug-in
+// does for a peer on two rails.
+void join_groups(Group& g) {
+  for (int r = 0; r < 2; ++r) {
+    auto group = std::make_shared<TcpPeerGroup>();
+    for (int c = 0; c < 2; ++c)
+      group->members.push_back(static_cast<TcpConnection*>(g.get(r, 1 - r, c)));
+    for (TcpConnection* m : group->members) m->join_group(group);
+  }
+}
+
+// Messages on both channels in both directions, every third one on channel 1 a reducing
+// receive of random floats; `cut` runs once rank 0 has completed `cut_after` of its sends on
+// channel 1. Progresses all four connections from this thread until everything is done or
+// fails, or 30 s pass; true if everything completed.
+struct Traffic {
+  static constexpr int kMessages = 30;
+  struct Message {
+    std::vector<float> sent, mine, got, expected;
+    SendRequest s;
+    RecvRequest r;
+  };
+  std::vector<std::unique_ptr<Message>> msgs;  // [from][channel][i]
+
+  Message& at(int from, int channel, int i) { return *msgs[(from * 2 + channel) * kMessages + i]; }
+
+  explicit Traffic(uint32_t seed) {
+    std::mt19937 rng(seed);
+    std::uniform_real_distribution<float> value(-3.0f, 3.0f);
+    for (int k = 0; k < 2 * 2 * kMessages; ++k) msgs.push_back(std::make_unique<Message>());
+    for (int from = 0; from < 2; ++from) {
+      for (int c = 0; c < 2; ++c) {
+        for (int i = 0; i < kMessages; ++i) {
+          Message& m = at(from, c, i);
+          const size_t count = (static_cast<size_t>(i) * i * 7919 + 13) % 200000 + 1;
+          const bool reduce = c == 1 && i % 3 == 0;
+          m.sent.resize(count);
+          for (float& v : m.sent) v = value(rng);
+          m.got.assign(count, 0.0f);
+          m.expected = m.sent;
+          MsgTag tag = tag_of(reduce ? CollKind::kAllReduce : CollKind::kSendRecv,
+                              static_cast<uint32_t>(i + 1), count, DataType::kFloat32);
+          init(&m.s, m.sent.data(), count * sizeof(float), tag);
+          init(&m.r, m.got.data(), count * sizeof(float), tag);
+          if (reduce) {
+            m.mine.resize(count);
+            for (size_t k = 0; k < count; ++k) {
+              m.mine[k] = value(rng);
+              m.expected[k] = m.mine[k] + m.sent[k];
+            }
+            m.r.src = m.mine.data();
+            m.r.reduce = kernels::reduce_fn(DataType::kFloat32, kernels::ReduceOp::kSum);
+            m.r.elem_size = sizeof(float);
+          }
+        }
+      }
+    }
+  }
+
+  bool run(Group& g, int cut_after, const std::function<void()>& cut) {
+    for (int from = 0; from < 2; ++from) {
+      for (int c = 0; c < 2; ++c) {
+        for (int i = 0; i < kMessages; ++i) {
+          g.get(from, 1 - from, c)->post_send(&at(from, c, i).s);
+          g.get(1 - from, from, c)->post_recv(&at(from, c, i).r);
+        }
+      }
+    }
+    bool cut_done = cut == nullptr;
+    Deadline deadline = Deadline::after_ms(30000);
+    for (;;) {
+      int open = 0, sent_on_1 = 0;
+      for (auto& m : msgs) open += !m->s.done() + !m->r.done();
+      for (int i = 0; i < kMessages; ++i) sent_on_1 += at(0, 1, i).s.done();
+      if (open == 0) return true;
+      if (deadline.expired()) return false;
+      if (!cut_done && sent_on_1 >= cut_after) {
+        cut();
+        cut_done = true;
+      }
+      for (int r = 0; r < 2; ++r)
+        for (int c = 0; c < 2; ++c) g.get(r, 1 - r, c)->progress();
+    }
+  }
+};
+
+}  // namespace
+
+TEST_CASE("tcp: a failed channel's traffic continues on its sibling, in order and intact",
+          "[unit][tcp]") {
+  // A bounce buffer of 4099 bytes: reduced elements straddle refills, also across the switch.
+  Group g = make_group(2, 2, 4099);
+  join_groups(g);
+  Traffic t(7);
+  short events = 0;
+  const int fd = g.get(0, 1, 1)->poll_fd(&events);
+  // Rank 0's channel 1 stops sending mid-stream (its writes fail; rank 1 reads an early end).
+  REQUIRE(t.run(g, 8, [&] { ::shutdown(fd, SHUT_WR); }));
+  auto* c01 = static_cast<TcpConnection*>(g.get(0, 1, 1));
+  auto* c10 = static_cast<TcpConnection*>(g.get(1, 0, 1));
+  CHECK(c01->abandoned());
+  CHECK(c10->abandoned());
+  for (auto& m : t.msgs) {
+    REQUIRE_FALSE(m->s.failed());
+    REQUIRE_FALSE(m->r.failed());
+    REQUIRE(m->got == m->expected);
+  }
+  // The abandoned channel keeps working, through its sibling.
+  Traffic more(8);
+  REQUIRE(more.run(g, 0, nullptr));
+  for (auto& m : more.msgs) REQUIRE(m->got == m->expected);
+  CHECK(g.get(0, 1, 1)->error().ok());
+}
+
+TEST_CASE("tcp: a second failure in a group fails every channel, naming the peer",
+          "[unit][tcp]") {
+  Group g = make_group(2, 2, 4099);
+  join_groups(g);
+  Traffic t(9);
+  short events = 0;
+  const int fd1 = g.get(0, 1, 1)->poll_fd(&events);
+  const int fd0 = g.get(0, 1, 0)->poll_fd(&events);
+  bool ok = t.run(g, 4, [&] {
+    ::shutdown(fd1, SHUT_WR);
+    ::shutdown(fd0, SHUT_WR);
+  });
+  // Everything ends (no hang), and what did not complete failed with the peer named.
+  CHECK(ok);
+  int failed = 0;
+  for (auto& m : t.msgs) failed += m->s.failed() + m->r.failed();
+  CHECK(failed > 0);
+  Status st = g.get(1, 0, 0)->error();
+  CHECK(st.code() == Code::kRemoteError);
+  CHECK_THAT(st.message(), Catch::Contains("rank 0 ("));
+}
+
+TEST_CASE("tcp: without a group, a failed channel fails its requests", "[unit][tcp]") {
+  Group g = make_group(2, 2, 4099);
+  Traffic t(10);
+  short events = 0;
+  const int fd = g.get(0, 1, 1)->poll_fd(&events);
+  REQUIRE(t.run(g, 8, [&] { ::shutdown(fd, SHUT_WR); }));
+  int failed = 0;
+  for (auto& m : t.msgs) failed += m->s.failed() + m->r.failed();
+  CHECK(failed > 0);
+  CHECK_FALSE(g.get(0, 1, 1)->error().ok());
 }
 
 }  // namespace chorus::tcp

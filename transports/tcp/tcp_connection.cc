@@ -102,17 +102,31 @@ void TcpConnection::post_recv(RecvRequest* req) {
 
 int TcpConnection::poll_fd(short* events) const {
   if (broken_) return -1;
+  if (abandoned_) {
+    // Everything of this path travels on the carrier now.
+    const TcpConnection* c = carrier();
+    if (c == nullptr) return -1;
+    *events = static_cast<short>(POLLIN | POLLRDHUP | (c->ctl_q_.empty() ? 0 : POLLOUT));
+    return c->fd_.get();
+  }
   short ev = 0;
-  if (!recvs_.empty() || peeking_) ev |= POLLIN;
-  if (!sends_.empty()) ev |= POLLOUT;
-  if (!idle() || peeking_) ev |= POLLRDHUP;
+  if (!recvs_.empty() || peeking_ || demux_) ev |= POLLIN;
+  if (!sends_.empty() || !ctl_q_.empty()) ev |= POLLOUT;
+  if (!idle() || peeking_ || demux_) ev |= POLLRDHUP;
   *events = ev;
   return fd_.get();
 }
 
 bool TcpConnection::progress() {
-  if (broken_ || idle()) return false;
-  bool moved = progress_recvs();
+  if (broken_ || (idle() && !demux_ && ctl_q_.empty() && !abandoned_)) return false;
+  bool moved = false;
+  if (abandoned_) {
+    TcpConnection* c = carrier();
+    if (c != nullptr) moved |= c->pump() | c->flush_control();
+  } else if (demux_) {
+    moved |= pump();
+  }
+  if (!broken_) moved |= progress_recvs();
   if (!broken_) moved |= progress_sends();
   return moved;
 }
@@ -121,6 +135,10 @@ bool TcpConnection::progress() {
 
 bool TcpConnection::progress_sends() {
   bool moved = false;
+  if (!ctl_q_.empty()) {
+    moved |= flush_control();
+    if (!ctl_q_.empty() && send_off_ == 0) return moved;  // our messages go after the frames
+  }
   while (!sends_.empty()) {
     WireHeader headers[kMaxBatch];
     iovec iov[2 * kMaxBatch];
@@ -142,18 +160,15 @@ bool TcpConnection::progress_sends() {
         total += req->bytes - payload_skip;
       }
     }
-    msghdr msg{};
-    msg.msg_iov = iov;
-    msg.msg_iovlen = n_iov;
-    ssize_t n = ::sendmsg(fd_.get(), &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+    int err = 0;
+    ssize_t n = write_out(iov, n_iov, total, &err);
     if (n < 0) {
-      if (errno == EINTR) continue;
-      if (errno != EAGAIN && errno != EWOULDBLOCK) {
-        fail_all(io_error(errno, sends_.front(), "sending"));
-        return true;
-      }
+      path_failed(io_error(err, sends_.front(), "sending"));
+      return true;
+    }
+    if (n == 0) {
       // Stuck on a full socket: make sure the peer is still there to drain it.
-      if (recvs_.empty() && !peer_alive()) return true;
+      if (!abandoned_ && recvs_.empty() && !peer_alive()) return true;
       return moved;
     }
     moved = true;
@@ -173,6 +188,7 @@ bool TcpConnection::progress_sends() {
     }
     // Anything left unsent means the socket is full.
     if (static_cast<size_t>(n) < total) return moved;
+    if (!ctl_q_.empty()) return moved | flush_control();  // frames queued meanwhile go first
   }
   return moved;
 }
@@ -186,13 +202,28 @@ bool TcpConnection::peer_alive() {
     if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return true;
     err = errno;
   }
-  fail_all(io_error(err, sends_.front(), "sending"));
-  return false;
+  path_failed(io_error(err, sends_.front(), "sending"));
+  return !broken_;
 }
 
 // ---- Receives -------------------------------------------------------------------------------
 
 ssize_t TcpConnection::take(void* dst, size_t want, int* err) {
+  if (abandoned_ || demux_) {
+    // The rest of an abandoned path's stream arrives over its carrier; a carrier's own stream
+    // was read ahead by its pump.
+    ByteQueue& q = abandoned_ ? feed_ : own_q_;
+    TcpConnection* c = abandoned_ ? carrier() : this;
+    if (q.empty() && c != nullptr) c->pump();
+    if (!q.empty()) return static_cast<ssize_t>(q.take(dst, want));
+    if (c == nullptr || c->pump_err_ < 0) return 0;
+    *err = c->pump_err_;
+    return -1;
+  }
+  return raw_take(dst, want, err);
+}
+
+ssize_t TcpConnection::raw_take(void* dst, size_t want, int* err) {
   if (rx_buf_pos_ == rx_buf_len_) {
     // Once a recv() found nothing, poll() says when to try again: a waiting rank asks many
     // times per message, and a recv() takes the socket's lock each time, which the sender's
@@ -208,6 +239,7 @@ ssize_t TcpConnection::take(void* dst, size_t want, int* err) {
     ssize_t n = want >= kRxBufferBytes / 2 ? recv_nb(fd_.get(), dst, want, err)
                                            : recv_nb(fd_.get(), rx_buf_.get(), kRxBufferBytes, err);
     rx_drained_ = n == 0;
+    if (n > 0) rx_total_ += static_cast<uint64_t>(n);
     if (n <= 0 || want >= kRxBufferBytes / 2) return n;
     rx_buf_pos_ = 0;
     rx_buf_len_ = static_cast<size_t>(n);
@@ -254,7 +286,7 @@ bool TcpConnection::fill_header(const RecvRequest* req, bool* moved) {
       return false;
     }
     if (n < 0) {
-      fail_all(io_error(err, req, "receiving"));
+      path_failed(io_error(err, req, "receiving"));
       *moved = true;
       return false;
     }
@@ -264,6 +296,12 @@ bool TcpConnection::fill_header(const RecvRequest* req, bool* moved) {
   if (rx_header_.magic == kFarewellMagic) {
     read_farewell(req);
     return false;
+  }
+  if ((rx_header_.magic == kAbandonMagic || rx_header_.magic == kTunnelMagic) &&
+      group_ != nullptr && !demux_) {
+    // The peer moved a failed sibling's traffic here: from now on the pump reads the socket.
+    start_demux();
+    return fill_header(req, moved);
   }
   if (rx_header_.magic != kWireMagic) {
     fail_all(remote_error(
@@ -305,7 +343,7 @@ bool TcpConnection::read_plain(RecvRequest* req, bool* moved) {
     ssize_t n = take(dst + rx_payload_got_, req->bytes - rx_payload_got_, &err);
     if (n == 0) return false;
     if (n < 0) {
-      fail_all(io_error(err, req, "receiving"));
+      path_failed(io_error(err, req, "receiving"));
       *moved = true;
       return false;
     }
@@ -328,7 +366,7 @@ bool TcpConnection::read_reduce(RecvRequest* req, bool* moved) {
     ssize_t n = take(bounce_.get() + bounce_fill_, want, &err);
     if (n == 0) return false;
     if (n < 0) {
-      fail_all(io_error(err, req, "receiving"));
+      path_failed(io_error(err, req, "receiving"));
       *moved = true;
       return false;
     }
@@ -365,7 +403,8 @@ Status TcpConnection::io_error(int err, const Request* req, const char* doing) c
 
 void TcpConnection::farewell(const Status& why) {
   // Only between messages (a partly sent one would swallow it), and only once.
-  if (broken_ || farewell_sent_ || send_off_ != 0 || why.ok()) return;
+  if (broken_ || farewell_sent_ || send_off_ != 0 || !ctl_q_.empty() || abandoned_ || why.ok())
+    return;
   farewell_sent_ = true;
   std::string text = why.message().substr(0, kMaxFarewellBytes);
   WireHeader h{};
@@ -413,6 +452,14 @@ void TcpConnection::fail_all(Status status) {
 }
 
 bool TcpConnection::path_state(PathState* out) const {
+  if (abandoned_) {
+    // Its traffic shares the carrier's: a path to avoid, except for a probe now and then.
+    const TcpConnection* c = carrier();
+    out->unacked_bytes = c != nullptr ? c->ctl_q_.size() : 0;
+    out->delivery_rate = 1e-6;
+    out->rtt_ns = 0;
+    return true;
+  }
   int queued = 0;
   if (ioctl(fd_.get(), SIOCOUTQ, &queued) != 0) return false;
   tcp_info info{};
@@ -429,18 +476,22 @@ bool TcpConnection::path_state(PathState* out) const {
 
 bool TcpConnection::check_alive() {
   if (broken_) return false;
+  if (abandoned_) {
+    TcpConnection* c = carrier();
+    return c != nullptr && c->check_alive() && !broken_;
+  }
   tcp_info info{};
   socklen_t len = sizeof(info);
   if (getsockopt(fd_.get(), IPPROTO_TCP, TCP_INFO, &info, &len) != 0) return true;
   const int64_t limit_ms = params::kPeerTimeoutMs.get();
   if (info.tcpi_unacked == 0 || info.tcpi_last_ack_recv < limit_ms) return true;
-  fail_all(remote_error(
+  path_failed(remote_error(
       "rank {} ({}) has acknowledged none of the data rank {} sent on tcp channel {} for {:.1f} s "
       "({} segments unacknowledged, {} retransmissions; CHORUS_PEER_TIMEOUT_MS={}): its host is "
       "unreachable or gone",
       peer(), peer_addr_, my_rank_, channel(), info.tcpi_last_ack_recv / 1e3, info.tcpi_unacked,
       info.tcpi_total_retrans, limit_ms));
-  return false;
+  return !broken_;
 }
 
 }  // namespace chorus::tcp

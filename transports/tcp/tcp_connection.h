@@ -2,6 +2,8 @@
 // File: transports/tcp/tcp_connection.h
 // One TCP connection (peer, channel): ordered, tagged messages over a non-blocking socket.
 // Each message is a 40-byte header (magic, tag, payload bytes) followed by the payload.
+// Connections to one peer over several rails form a group that fails over: when one of them
+// breaks, its traffic continues through a sibling (README.md, "Failover").
 #pragma once
 
 #include <sys/uio.h>
@@ -12,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "common/status.h"
 #include "net/socket.h"
 #include "common/unique_fd.h"
 #include "transports/protocol.h"
@@ -31,6 +34,38 @@ inline constexpr uint32_t kWireMagic = 0x43484d54;  // "CHMT"
 // A farewell: `reserved` holds the Status code, `bytes` the length of the reason text that
 // follows (<= kMaxFarewellBytes); the sender closes after it.
 inline constexpr uint32_t kFarewellMagic = 0x43484657;  // "CHFW"
+// Failover control frames (README.md, "Failover"); `reserved` holds the channel they are about.
+// Abandon: the sender gave up on that channel; its 8-byte payload is how many bytes of that
+// channel's incoming stream the sender read. Tunnel: the payload continues that channel's
+// stream (the sender's bytes for it, from where the peer said it stopped reading).
+inline constexpr uint32_t kAbandonMagic = 0x43484142;  // "CHAB"
+inline constexpr uint32_t kTunnelMagic = 0x4348544e;   // "CHTN"
+
+// Bytes in order: appended at the back, taken from the front; grows by doubling, no zero fill.
+class ByteQueue {
+ public:
+  size_t size() const { return end_ - begin_; }
+  bool empty() const { return end_ == begin_; }
+  const uint8_t* data() const { return buf_.get() + begin_; }
+  // Room for `n` more bytes at the back; commit() what was written there.
+  uint8_t* tail(size_t n);
+  void commit(size_t n) { end_ += n; }
+  void append(const void* src, size_t n);
+  // Up to `n` bytes from the front into dst (which may be null: dropped); returns how many.
+  size_t take(void* dst, size_t n);
+  void clear() { begin_ = end_ = 0; }
+
+ private:
+  std::unique_ptr<uint8_t[]> buf_;
+  size_t cap_ = 0, begin_ = 0, end_ = 0;
+};
+
+class TcpConnection;
+// The connections to one peer, by channel, that stand in for each other.
+struct TcpPeerGroup {
+  std::vector<TcpConnection*> members;
+  bool failed_over = false;  // one member was abandoned: a second failure fails them all
+};
 
 // Not thread-safe: post_*, progress() and the queries must come from one thread at a time
 // (the progress engine's). Requests complete in posting order per direction.
@@ -62,6 +97,12 @@ class TcpConnection final : public Connection {
   // is covered by keepalive (net::set_keepalive) instead.
   bool check_alive() override;
   std::string path_name() const override { return path_name_; }
+  // Joins the connections to the same peer on other rails (each channel once): from then on
+  // this one keeps a copy of what it sent until the peer's kernel acknowledged it, so that a
+  // failure of this path can be survived by resending over a sibling.
+  void join_group(std::shared_ptr<TcpPeerGroup> group);
+  // Abandoned after a failure: the traffic now goes through a sibling.
+  bool abandoned() const { return abandoned_; }
 
  private:
   static constexpr size_t kMaxBatch = 16;  // send requests gathered into one sendmsg()
@@ -88,6 +129,35 @@ class TcpConnection final : public Connection {
   void fail_all(Status status);
   // The error for errno `err` (0: orderly EOF) while `req` was in flight.
   Status io_error(int err, const Request* req, const char* doing) const;
+  // A failure of the path itself (not of the peer's process or of the caller's use): abandons
+  // the path when a sibling can carry its traffic, else fail_all().
+  void path_failed(Status status);
+
+  // ---- Failover (tcp_failover.cc) ----
+  // The socket's stream: bytes read from it, all time; writes (a copy kept while grouped).
+  ssize_t raw_take(void* dst, size_t want, int* err);
+  ssize_t write_out(const iovec* iov, size_t n_iov, size_t total, int* err);
+  // Drops the kept copy of what the peer's kernel acknowledged (SIOCOUTQ).
+  void release_acked();
+  bool can_fail_over() const;
+  TcpConnection* carrier() const;
+  // This path failed: reads what its socket still holds, tells the peer (over the carrier) how
+  // far it read, and from then on sends and receives through the carrier.
+  void abandon(Status why);
+  // The peer read `consumed` bytes of this path's outgoing stream: the rest goes again,
+  // through the carrier, then everything after it.
+  void on_peer_abandon(uint64_t consumed);
+  // Appends a control frame about `channel` to this connection's outgoing control queue
+  // (sent ahead of the next message) and tries to send it.
+  void push_control(uint32_t magic, int channel, const void* payload, size_t bytes);
+  bool flush_control();
+  // Abandoned: the outgoing stream continues as tunnel frames on the carrier. Bytes accepted.
+  size_t tunnel_out(const iovec* iov, size_t n_iov, size_t total);
+  // Carrier: reads its socket ahead of its own receives, so that control frames behind
+  // messages nobody has asked for yet are seen; its own messages wait in own_q_.
+  void start_demux();
+  bool pump();
+  void fail_group(const Status& status);
 
   UniqueFd fd_;
   int my_rank_;
@@ -112,6 +182,26 @@ class TcpConnection final : public Connection {
   std::unique_ptr<uint8_t[]> rx_buf_;
   size_t rx_buf_pos_ = 0, rx_buf_len_ = 0;
   bool rx_drained_ = false;  // the last recv() found nothing: poll() before the next
+
+  // Failover.
+  std::shared_ptr<TcpPeerGroup> group_;
+  uint64_t tx_written_ = 0;  // bytes of the outgoing stream written (or tunnelled), all time
+  ByteQueue tx_keep_;        // grouped: the written bytes from tx_keep_from_ on
+  uint64_t tx_keep_from_ = 0;
+  ByteQueue ctl_q_;          // whole control frames to send before the next message
+  uint64_t rx_total_ = 0;    // bytes read from the socket, all time
+  bool demux_ = false;       // carrier: the socket is read through pump()
+  ByteQueue own_q_;          // demux: this connection's own stream, read ahead
+  WireHeader pump_hdr_{};
+  size_t pump_hdr_got_ = 0;
+  bool pump_in_frame_ = false;  // pump_hdr_ is read; pump_left_ payload bytes follow
+  uint64_t pump_left_ = 0;
+  uint8_t pump_ctl_[8] = {};
+  size_t pump_ctl_got_ = 0;
+  int pump_err_ = -1;        // the socket failed (errno, 0: EOF) once own_q_ is empty
+  bool abandoned_ = false;
+  bool resending_ = false;   // abandoned, and the peer said where to resume
+  ByteQueue feed_;           // abandoned: the rest of the incoming stream
 };
 
 }  // namespace chorus::tcp

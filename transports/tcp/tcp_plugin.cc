@@ -11,8 +11,10 @@
 #include <vector>
 
 #include "common/log.h"
+#include "common/params.h"
 #include "net/socket.h"
 #include "transports/registry.h"
+#include "transports/tcp/tcp_connection.h"
 #include "transports/tcp/tcp_transport.h"
 
 namespace chorus::tcp {
@@ -103,7 +105,21 @@ class TcpInstance final : public TransportInstance {
       setup.peers.push_back(std::move(peer));
     }
     if (setup.peers.empty()) return ConnectionTable();
-    return connect_all(setup);
+    CHORUS_ASSIGN_OR_RETURN(ConnectionTable table, connect_all(setup));
+    // A peer reached over several rails: its connections stand in for each other when one
+    // fails (README.md, "Failover").
+    for (size_t i = 0; i < table.size() && params::kTcpFailover.get() != 0; ++i) {
+      const std::vector<net::SockAddr>& addrs = setup.peers[i].channel_addr;
+      if (addrs.size() < 2 || std::all_of(addrs.begin(), addrs.end(), [&](const net::SockAddr& a) {
+            return a.to_string() == addrs[0].to_string();
+          })) {
+        continue;
+      }
+      auto group = std::make_shared<TcpPeerGroup>();
+      for (auto& conn : table[i]) group->members.push_back(static_cast<TcpConnection*>(conn.get()));
+      for (TcpConnection* m : group->members) m->join_group(group);
+    }
+    return table;
   }
 
  private:

@@ -1,0 +1,96 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
+# One rail taken down mid-collective (issue 12, section 4): 2 hosts x 2 rails of 1 Gbit/s, one
+# TCP path per rail (CHORUS_NCHANNELS=2). Once both ranks are in the timed loop, rail 1 of host 1
+# goes down. Each rank gives that path up after CHORUS_PEER_TIMEOUT_MS (2 s here) without an
+# acknowledgement, and its traffic, from the first byte the peer did not get, continues on
+# rail 0 (transports/tcp/README.md, "Failover"). Checked, for AllReduce and for send/receive:
+# the run ends without error, every rank's results are right (-c 1: nccl-tests' check on every
+# rank), both ranks say they gave the path up, and rail 0 carried the rest.
+#   failover_test.sh TESTBED_SH CHORUS_RUN ALL_REDUCE_PERF SENDRECV_PERF
+# Exit 77 (skipped) without root, iproute2, nsenter or unshare.
+set -euo pipefail
+tb=$1
+export CHORUS_RUN=$2
+allreduce=$3
+sendrecv=$4
+if [ "$(id -u)" != 0 ] || ! command -v ip > /dev/null || ! command -v nsenter > /dev/null ||
+  ! command -v unshare > /dev/null; then
+  echo "SKIP: the test bed needs root, iproute2 and util-linux (nsenter, unshare)"
+  exit 77
+fi
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+cat > "$work/wrap.sh" << 'RANK'
+# One rank: runs the tool and records its exit status; always exits 0 (each rank is judged).
+out=$1/rank$CHORUS_RANK
+shift
+rc=0
+"$@" > "$out.log" 2>&1 || rc=$?
+echo "$rc" > "$out.end"
+exit 0
+RANK
+cat > "$work/inner.sh" << 'INNER'
+set -euo pipefail
+work=$1 case=$2
+shift 2
+rm -f "$work"/rank[01].*
+rail_bytes() {  # bytes through host 0's rail $1, both directions
+  echo $(($("$TESTBED" run 0 cat /sys/class/net/rail$1/statistics/tx_bytes) +
+    $("$TESTBED" run 0 cat /sys/class/net/rail$1/statistics/rx_bytes)))
+}
+"$TESTBED" launch -n 2 --ifname rail -x CHORUS_NCHANNELS=2 -x CHORUS_PEER_TIMEOUT_MS=2000 \
+  -x CHORUS_TIMEOUT_MS=60000 bash "$work/wrap.sh" "$work" "$@" -b 8M -e 8M -n 30 -w 1 -c 1 \
+  > "$work/launch.log" 2>&1 &
+launcher=$!
+# Cut only once both ranks are in the timed loop and both rails carry data.
+started=0
+for _ in $(seq 1 300); do
+  if [ "$started" = 0 ] && grep -q '(elements)' "$work/rank0.log" 2> /dev/null; then
+    started=1 r0=$(rail_bytes 0) r1=$(rail_bytes 1)
+  fi
+  [ "$started" = 1 ] && [ $(($(rail_bytes 0) - r0)) -gt $((8 << 20)) ] &&
+    [ $(($(rail_bytes 1) - r1)) -gt $((8 << 20)) ] && break
+  kill -0 $launcher 2> /dev/null || break
+  sleep 0.2
+done
+if [ "$started" = 0 ] || ! kill -0 $launcher 2> /dev/null; then
+  cat "$work/launch.log" "$work"/rank[01].log 2> /dev/null || true
+  echo "FAIL: $case: the ranks did not reach their timed loop with both rails busy"
+  kill $launcher 2> /dev/null || true
+  exit 1
+fi
+"$TESTBED" link 1 1 down > /dev/null
+after=$(rail_bytes 0)
+for _ in $(seq 1 400); do kill -0 $launcher 2> /dev/null || break; sleep 0.2; done
+if kill -0 $launcher 2> /dev/null; then
+  cat "$work"/rank[01].log
+  echo "FAIL: $case: still running 80 s after rail 1 went down"
+  kill $launcher 2> /dev/null || true
+  exit 1
+fi
+wait $launcher || true
+moved=$(($(rail_bytes 0) - after))
+for rank in 0 1; do
+  rc=$(cat "$work/rank$rank.end" 2> /dev/null || echo missing)
+  msg=$(grep -m1 "is given up, its traffic continues" "$work/rank$rank.log" || true)
+  echo "$case: rank $rank exit $rc: ${msg:-<no failover message>}" | cut -c1-300
+  if [ "$rc" != 0 ] || [ -z "$msg" ]; then
+    cat "$work/rank$rank.log"
+    echo "FAIL: $case: rank $rank must finish without error after giving up the path"
+    exit 1
+  fi
+done
+grep -E '^ +[0-9]+ ' "$work/rank0.log"
+if ! grep -q "Out of bounds values : 0 OK" "$work/rank0.log"; then
+  cat "$work/rank0.log"
+  echo "FAIL: $case: wrong results after the failover"
+  exit 1
+fi
+echo "$case: rail 0 carried $((moved >> 20)) MiB after the cut"
+[ "$moved" -gt $((16 << 20)) ] || { echo "FAIL: $case: rail 0 carried little after the cut"; exit 1; }
+INNER
+# A fresh bed for each case (the inner script takes a rail down).
+"$tb" exec --hosts 2 --rails 2 --rate 1gbit -- bash "$work/inner.sh" "$work" allreduce "$allreduce"
+"$tb" exec --hosts 2 --rails 2 --rate 1gbit -- bash "$work/inner.sh" "$work" sendrecv "$sendrecv"
+echo "failover: both collectives finished, right, on the surviving rail"

@@ -1,0 +1,360 @@
+// SPDX-License-Identifier: Apache-2.0
+// File: transports/tcp/tcp_failover.cc
+// Failover between the TCP connections to one peer over different rails (README.md,
+// "Failover"). Each connection of a group keeps a copy of what it wrote until the peer's
+// kernel acknowledged it. When one fails (an I/O error, or no acknowledgement for
+// CHORUS_PEER_TIMEOUT_MS), the side that notices reads what the socket still holds, tells the
+// peer over a surviving sibling (the carrier: the lowest channel still alive) how many bytes of
+// the path's incoming stream it read (an Abandon frame), and from then on receives the path's
+// stream from the carrier. The peer does the same on its side, and resends its own stream from
+// where we stopped reading, in Tunnel frames on its carrier, followed by everything it sends
+// on that path afterwards. The path's requests never see the failure: its reader carries on in
+// the same message, at the same byte, whether that byte came over the socket or a tunnel.
+// A carrier reads its socket ahead of its own receives (into own_q_) so that frames behind a
+// message nobody has asked for yet still get through. One failure per group is survived; a
+// second one fails every connection of the group, naming the peer.
+#include <linux/sockios.h>
+#include <sys/ioctl.h>
+#include <sys/socket.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include "common/log.h"
+#include "transports/tcp/tcp_connection.h"
+
+namespace chorus::tcp {
+
+namespace {
+
+constexpr size_t kHeaderBytes = sizeof(WireHeader);
+constexpr size_t kKeepSlackBytes = 1 << 20;      // kept bytes before asking what was acked
+constexpr size_t kTunnelFrameBytes = 256 << 10;  // payload of one tunnel frame at most
+constexpr size_t kTunnelBacklogBytes = 4 << 20;  // control bytes queued on a carrier at most
+constexpr size_t kMaxReadAheadBytes = size_t{1} << 30;  // a carrier's own_q_ at most
+
+bool is_control(uint32_t magic) { return magic == kAbandonMagic || magic == kTunnelMagic; }
+
+// Copies `n` bytes gathered from iov into dst.
+void gather(const iovec* iov, size_t n_iov, size_t n, uint8_t* dst) {
+  for (size_t i = 0; i < n_iov && n > 0; ++i) {
+    const size_t k = std::min(n, iov[i].iov_len);
+    std::memcpy(dst, iov[i].iov_base, k);
+    dst += k;
+    n -= k;
+  }
+}
+
+}  // namespace
+
+// ---- ByteQueue ------------------------------------------------------------------------------
+
+uint8_t* ByteQueue::tail(size_t n) {
+  if (cap_ - end_ >= n) return buf_.get() + end_;
+  const size_t used = size();
+  if (cap_ - used >= n && begin_ > 0) {
+    std::memmove(buf_.get(), buf_.get() + begin_, used);
+  } else {
+    size_t cap = std::max<size_t>(cap_ * 2, 64 << 10);
+    while (cap - used < n) cap *= 2;
+    auto bigger = std::make_unique<uint8_t[]>(cap);
+    if (used > 0) std::memcpy(bigger.get(), buf_.get() + begin_, used);
+    buf_ = std::move(bigger);
+    cap_ = cap;
+  }
+  begin_ = 0;
+  end_ = used;
+  return buf_.get() + end_;
+}
+
+void ByteQueue::append(const void* src, size_t n) {
+  if (n == 0) return;
+  std::memcpy(tail(n), src, n);
+  commit(n);
+}
+
+size_t ByteQueue::take(void* dst, size_t n) {
+  n = std::min(n, size());
+  if (dst != nullptr && n > 0) std::memcpy(dst, buf_.get() + begin_, n);
+  begin_ += n;
+  if (begin_ == end_) begin_ = end_ = 0;
+  return n;
+}
+
+// ---- The socket's stream ----------------------------------------------------------------------
+
+ssize_t TcpConnection::write_out(const iovec* iov, size_t n_iov, size_t total, int* err) {
+  if (abandoned_) return static_cast<ssize_t>(tunnel_out(iov, n_iov, total));
+  msghdr msg{};
+  msg.msg_iov = const_cast<iovec*>(iov);
+  msg.msg_iovlen = n_iov;
+  for (;;) {
+    ssize_t n = ::sendmsg(fd_.get(), &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n >= 0) {
+      if (group_ != nullptr) {
+        const auto k = static_cast<size_t>(n);
+        gather(iov, n_iov, k, tx_keep_.tail(k));
+        tx_keep_.commit(k);
+        if (tx_keep_.size() > kKeepSlackBytes && !group_->failed_over) release_acked();
+      }
+      tx_written_ += static_cast<uint64_t>(n);
+      return n;
+    }
+    if (errno == EINTR) continue;
+    if (errno == EAGAIN || errno == EWOULDBLOCK) return 0;
+    *err = errno;
+    return -1;
+  }
+}
+
+void TcpConnection::release_acked() {
+  int queued = 0;
+  if (ioctl(fd_.get(), SIOCOUTQ, &queued) != 0) return;
+  const uint64_t acked = tx_written_ - std::min<uint64_t>(static_cast<uint64_t>(std::max(queued, 0)), tx_written_);
+  if (acked <= tx_keep_from_) return;
+  tx_keep_from_ += tx_keep_.take(nullptr, acked - tx_keep_from_);
+}
+
+// ---- Failing over -----------------------------------------------------------------------------
+
+void TcpConnection::join_group(std::shared_ptr<TcpPeerGroup> group) { group_ = std::move(group); }
+
+TcpConnection* TcpConnection::carrier() const {
+  if (group_ == nullptr) return nullptr;
+  for (TcpConnection* m : group_->members) {
+    if (m != this && m != nullptr && !m->abandoned_ && !m->broken_) return m;
+  }
+  return nullptr;
+}
+
+bool TcpConnection::can_fail_over() const {
+  return group_ != nullptr && !group_->failed_over && !abandoned_ && !broken_ &&
+         carrier() != nullptr;
+}
+
+void TcpConnection::path_failed(Status status) {
+  if (can_fail_over()) {
+    abandon(std::move(status));
+  } else if (group_ != nullptr && group_->failed_over) {
+    fail_group(status);  // a second failure: the carrier or a path that depends on it
+  } else {
+    fail_all(std::move(status));
+  }
+}
+
+void TcpConnection::fail_group(const Status& status) {
+  for (TcpConnection* m : group_->members) {
+    if (m != nullptr && !m->broken_) m->fail_all(status);
+  }
+}
+
+void TcpConnection::abandon(Status why) {
+  TcpConnection* c = carrier();
+  CHORUS_WARN(kNet, "{}; tcp channel {} to rank {} is given up, its traffic continues on tcp "
+              "channel {} ({})", why.message(), channel(), peer(), c->channel(), c->path_name_);
+  abandoned_ = true;
+  group_->failed_over = true;
+  // What the socket still holds was acknowledged to the peer: it is ours to read, after the
+  // read-ahead buffer's bytes. Then the socket is closed, and the peer learns how far its
+  // stream got here.
+  feed_.append(rx_buf_.get() + rx_buf_pos_, rx_buf_len_ - rx_buf_pos_);
+  rx_buf_pos_ = rx_buf_len_ = 0;
+  for (;;) {
+    const size_t room = 64 << 10;
+    ssize_t n = ::recv(fd_.get(), feed_.tail(room), room, MSG_DONTWAIT);
+    if (n <= 0) break;
+    feed_.commit(static_cast<size_t>(n));
+    rx_total_ += static_cast<uint64_t>(n);
+  }
+  // Closed at once with a reset, so that its kernel acknowledges nothing more: what the peer
+  // sends on it from now on is resent (the peer learns of the failure from the reset too).
+  linger hard{1, 0};
+  setsockopt(fd_.get(), SOL_SOCKET, SO_LINGER, &hard, sizeof(hard));
+  fd_.reset();
+  c->start_demux();
+  const uint64_t consumed = rx_total_;
+  c->push_control(kAbandonMagic, channel(), &consumed, sizeof(consumed));
+}
+
+void TcpConnection::on_peer_abandon(uint64_t consumed) {
+  if (broken_ || resending_) return;
+  if (!abandoned_) {
+    if (!can_fail_over()) {
+      fail_group(remote_error("rank {} ({}) gave up tcp channel {} while rank {} cannot move its "
+                              "traffic to another channel", peer(), peer_addr_, channel(),
+                              my_rank_));
+      return;
+    }
+    abandon(remote_error("rank {} ({}) gave up tcp channel {}", peer(), peer_addr_, channel()));
+  }
+  if (consumed < tx_keep_from_ || consumed > tx_written_) {
+    fail_group(remote_error(
+        "rank {} ({}) read {} bytes of tcp channel {} from rank {}, which kept bytes {} to {}: "
+        "the channel cannot be resumed on another one (it was acknowledged after rank {} gave "
+        "it up)", peer(), peer_addr_, consumed, channel(), my_rank_, tx_keep_from_, tx_written_,
+        peer()));
+    return;
+  }
+  tx_keep_.take(nullptr, consumed - tx_keep_from_);
+  tx_keep_from_ = consumed;
+  TcpConnection* c = carrier();
+  // The bytes the peer never read, again, then (tunnel_out) everything written afterwards.
+  while (!tx_keep_.empty()) {
+    const size_t n = std::min(tx_keep_.size(), kTunnelFrameBytes);
+    c->push_control(kTunnelMagic, channel(), tx_keep_.data(), n);
+    tx_keep_.take(nullptr, n);
+  }
+  tx_keep_.clear();
+  tx_keep_from_ = tx_written_;
+  resending_ = true;
+  CHORUS_INFO(kNet, "tcp: rank {} resumes channel {} to rank {} on channel {} from byte {} of "
+              "{}", my_rank_, channel(), peer(), c->channel(), consumed, tx_written_);
+}
+
+size_t TcpConnection::tunnel_out(const iovec* iov, size_t n_iov, size_t total) {
+  TcpConnection* c = carrier();
+  if (!resending_ || c == nullptr) return 0;
+  if (c->ctl_q_.size() >= kTunnelBacklogBytes) {
+    c->flush_control();
+    if (c->broken_ || c->ctl_q_.size() >= kTunnelBacklogBytes) return 0;
+  }
+  const size_t n = std::min(total, kTunnelFrameBytes);
+  WireHeader h{};
+  h.magic = kTunnelMagic;
+  h.reserved = static_cast<uint32_t>(channel());
+  h.bytes = n;
+  c->ctl_q_.append(&h, kHeaderBytes);
+  gather(iov, n_iov, n, c->ctl_q_.tail(n));
+  c->ctl_q_.commit(n);
+  tx_written_ += n;
+  c->flush_control();
+  return n;
+}
+
+void TcpConnection::push_control(uint32_t magic, int about, const void* payload, size_t bytes) {
+  WireHeader h{};
+  h.magic = magic;
+  h.reserved = static_cast<uint32_t>(about);
+  h.bytes = bytes;
+  ctl_q_.append(&h, kHeaderBytes);
+  ctl_q_.append(payload, bytes);
+  flush_control();
+}
+
+bool TcpConnection::flush_control() {
+  bool moved = false;
+  // Only between two of our own messages: a frame inside one would cut it.
+  while (!ctl_q_.empty() && send_off_ == 0 && !broken_) {
+    iovec v{const_cast<uint8_t*>(ctl_q_.data()), ctl_q_.size()};
+    int err = 0;
+    ssize_t n = write_out(&v, 1, v.iov_len, &err);
+    if (n < 0) {
+      path_failed(io_error(err, nullptr, "sending"));
+      return true;
+    }
+    if (n == 0) break;
+    ctl_q_.take(nullptr, static_cast<size_t>(n));
+    moved = true;
+  }
+  return moved;
+}
+
+// ---- A carrier's reading ----------------------------------------------------------------------
+
+void TcpConnection::start_demux() {
+  if (demux_) return;
+  demux_ = true;
+  if (rx_header_got_ == kHeaderBytes && !is_control(rx_header_.magic)) {
+    // The reader is inside one of our messages: the pump passes the rest of it on.
+    pump_hdr_ = rx_header_;
+    pump_in_frame_ = true;
+    pump_left_ = rx_header_.bytes - rx_payload_got_;
+  } else {
+    // Between messages, or a header partly read (or a control frame's): the pump reads the
+    // header again from what the reader has of it, and passes it on if it is ours.
+    std::memcpy(&pump_hdr_, &rx_header_, rx_header_got_);
+    pump_hdr_got_ = rx_header_got_;
+    pump_in_frame_ = false;
+    rx_header_got_ = 0;
+    rx_accepted_ = false;
+  }
+}
+
+bool TcpConnection::pump() {
+  bool moved = false;
+  while (demux_ && pump_err_ < 0 && !broken_ && own_q_.size() < kMaxReadAheadBytes) {
+    int err = 0;
+    if (!pump_in_frame_) {
+      if (pump_hdr_got_ < kHeaderBytes) {
+        ssize_t n = raw_take(reinterpret_cast<uint8_t*>(&pump_hdr_) + pump_hdr_got_,
+                             kHeaderBytes - pump_hdr_got_, &err);
+        if (n == 0) break;
+        if (n < 0) {
+          pump_err_ = err;
+          break;
+        }
+        moved = true;
+        pump_hdr_got_ += static_cast<size_t>(n);
+        if (pump_hdr_got_ < kHeaderBytes) continue;
+      }
+      pump_hdr_got_ = 0;
+      pump_in_frame_ = true;
+      pump_left_ = pump_hdr_.bytes;
+      pump_ctl_got_ = 0;
+      if (is_control(pump_hdr_.magic)) {
+        const size_t about = pump_hdr_.reserved;
+        TcpConnection* m = about < group_->members.size() ? group_->members[about] : nullptr;
+        const bool ok = m != nullptr && m != this &&
+                        (pump_hdr_.magic == kAbandonMagic ? pump_left_ == sizeof(uint64_t)
+                                                          : m->abandoned_);
+        if (!ok) {
+          fail_group(remote_error("rank {} ({}) sent a failover frame ({:#010x}) about tcp "
+                                  "channel {} that rank {} cannot take ({} bytes)", peer(),
+                                  peer_addr_, pump_hdr_.magic, about, my_rank_, pump_left_));
+          return true;
+        }
+      } else {
+        // Ours: a message or a farewell, passed on whole. Anything else is passed on too, for
+        // the reader to report, and nothing after it is read.
+        own_q_.append(&pump_hdr_, kHeaderBytes);
+        if (pump_hdr_.magic != kWireMagic && pump_hdr_.magic != kFarewellMagic) {
+          pump_in_frame_ = false;
+          pump_err_ = EPROTO;
+          break;
+        }
+      }
+    }
+    if (pump_left_ > 0) {
+      const size_t want = static_cast<size_t>(std::min<uint64_t>(pump_left_, 256 << 10));
+      TcpConnection* m = is_control(pump_hdr_.magic) ? group_->members[pump_hdr_.reserved] : this;
+      ssize_t n;
+      if (pump_hdr_.magic == kAbandonMagic) {
+        n = raw_take(pump_ctl_ + pump_ctl_got_, want, &err);
+        if (n > 0) pump_ctl_got_ += static_cast<size_t>(n);
+      } else {
+        ByteQueue& q = m == this ? own_q_ : m->feed_;
+        n = raw_take(q.tail(want), want, &err);
+        if (n > 0) q.commit(static_cast<size_t>(n));
+      }
+      if (n == 0) break;
+      if (n < 0) {
+        pump_err_ = err;
+        break;
+      }
+      moved = true;
+      pump_left_ -= static_cast<uint64_t>(n);
+    }
+    if (pump_left_ == 0) {
+      pump_in_frame_ = false;
+      if (pump_hdr_.magic == kAbandonMagic) {
+        uint64_t consumed;
+        std::memcpy(&consumed, pump_ctl_, sizeof(consumed));
+        group_->members[pump_hdr_.reserved]->on_peer_abandon(consumed);
+      }
+    }
+  }
+  return moved;
+}
+
+}  // namespace chorus::tcp
