@@ -201,6 +201,9 @@ class Connection {
   // acknowledged for CHORUS_PEER_TIMEOUT_MS: its host is gone or every route to it is down).
   // The connection has then failed: error() names the peer and says so.
   virtual bool check_alive() { return error_.ok(); }
+  // True once the path broke and the transport carries its traffic on another path to the same
+  // peer (TCP failover): its requests go on working, at the other path's pace.
+  virtual bool failed_over() const { return false; }
   // Where the path runs, for humans (TCP: "local address -> peer address"); empty if nothing
   // to say.
   virtual std::string path_name() const { return {}; }

@@ -11,6 +11,11 @@
 #   3. rail 1 back to RATE;
 #   4. iperf3 on rail 1 of host 0 (both directions, full speed): Chorus's share follows what
 #      is left (the capacity is not known: no target);
+#   5. rail 1 of host 1 down (PHASE + 2 s): each rank gives the path up after
+#      CHORUS_PEER_TIMEOUT_MS (2 s here) and its traffic continues on rail 0 (TCP failover,
+#      transports/tcp/README.md); the run goes on, its data checked at the end;
+#   6. rail 1 up again (PHASE + 1 s): the ranks reconnect the path in the background (an
+#      attempt a second) and route over it again;
 # then prints each phase's settled throughput against the links' capacity, the time from each
 # change to the first 100 ms at >= 90 % of the new capacity, and plots it
 # (bench/route/plot_timeline.py, PNG; python3-matplotlib).
@@ -53,8 +58,11 @@ testbed_start_session tl
 full=$(tc_rate_bytes "$rate") low=$(tc_rate_bytes "$slow")
 "$testbed" up --hosts 2 --rails 2 --rate "$rate" > "$out/up.log" 2>&1 || { cat "$out/up.log"; exit 1; }
 echo "# test bed: 2 hosts x 2 rails, tbf $rate; $route routing; $( [ -n "$mode" ] && echo AllReduce || echo send/receive) of $size; load $(cut -d' ' -f1-3 /proc/loadavg)"
-total_s=$(awk -v p="$phase" 'BEGIN { print 4 * p + 1.5 }')
+down_s=$(awk -v p="$phase" 'BEGIN { print p + 2 }')
+up_s=$(awk -v p="$phase" 'BEGIN { print p + 1 }')
+total_s=$(awk -v p="$phase" -v d="$down_s" -v u="$up_s" 'BEGIN { print 4 * p + d + u + 1.5 }')
 "$testbed" launch -n 2 --ifname rail --chorus-run "$run" -x CHORUS_NCHANNELS=2 -x CHORUS_ROUTE="$route" \
+  -x CHORUS_PEER_TIMEOUT_MS=2000 \
   "$tool" -b "$bytes" -t "$total_s" -i 20 -o "$out/samples.csv" $mode > "$out/run.log" 2>&1 &
 job=$!
 rx() { "$testbed" run 0 cat /sys/class/net/rail0/statistics/rx_bytes; }
@@ -85,6 +93,12 @@ event 0 "iperf3 on rail 1"
 "$testbed" traffic 0 1 start > /dev/null 2>&1 || echo "# (no iperf3 traffic: see $out/run.log)"
 sleep "$phase"
 "$testbed" traffic 0 1 stop > /dev/null 2>&1 || true
+event "$full" "rail 1 down"
+"$testbed" link 1 1 down > /dev/null
+sleep "$down_s"
+event $((2 * full)) "rail 1 up again"
+"$testbed" link 1 1 up > /dev/null
+sleep "$up_s"
 status=0
 wait "$job" || status=1
 cat "$out/run.log"

@@ -20,7 +20,8 @@ typedef struct {
   int path;            /* the path's index among the paths to that peer (channel order) */
   char transport[16];  /* "tcp", "shm", "ucx", "verbs" */
   char name[112];      /* where it runs (TCP: "local address -> peer address"); may be "" */
-  int failed;          /* 1 once the path broke */
+  int failed;          /* 1 once the path broke; 2: it broke and its traffic goes on another
+                        * path to the same peer (TCP failover, CHORUS_TCP_FAILOVER) */
   /* Chunks of messages that were cut over several paths and completed on this one, both
    * directions, their bytes, and the sum of their times from posting to completion. */
   unsigned long long chunks;

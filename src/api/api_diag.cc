@@ -64,7 +64,7 @@ CHORUS_API ncclResult_t chorusCommGetPathStats(ncclComm_t comm, int peer, chorus
       s.path = r.path;
       copy_name(s.transport, r.transport);
       copy_name(s.name, r.name);
-      s.failed = r.failed ? 1 : 0;
+      s.failed = r.failed ? 1 : r.failed_over ? 2 : 0;
       s.chunks = r.stats.chunks;
       s.bytes = r.stats.bytes;
       s.busySeconds = static_cast<double>(r.stats.busy_ns) / 1e9;

@@ -419,8 +419,9 @@ void Comm::collect_path_reports(int peer, std::vector<PathReport>* reports) cons
       rep.transport = c->transport_name();
       rep.name = c->path_name();
       rep.failed = !c->error().ok();
+      rep.failed_over = !rep.failed && c->failed_over();
       rep.stats = l->path_stats(p);
-      rep.network_known = !rep.failed && c->path_state(&rep.network);
+      rep.network_known = !rep.failed && !rep.failed_over && c->path_state(&rep.network);
     }
   }
 }
@@ -440,7 +441,9 @@ std::string Comm::describe_paths() {
                           r.network.unacked_bytes >> 10, r.network.delivery_rate * 1e3,
                           r.network.rtt_ns / 1e3);
     }
-    text += r.failed ? ", FAILED\n" : "\n";
+    text += r.failed        ? ", FAILED\n"
+            : r.failed_over ? ", failed over (carried by another path to the peer)\n"
+                            : "\n";
   }
   return text;
 }

@@ -91,6 +91,7 @@ struct PathReport {
   std::string transport;
   std::string name;  // Connection::path_name()
   bool failed = false;
+  bool failed_over = false;  // Connection::failed_over()
   PeerLink::PathStats stats;
   bool network_known = false;
   Connection::PathState network;

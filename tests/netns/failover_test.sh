@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: Apache-2.0
-# One rail taken down mid-collective (issue 12, section 4): 2 hosts x 2 rails of 1 Gbit/s, one
-# TCP path per rail (CHORUS_NCHANNELS=2). Once both ranks are in the timed loop, rail 1 of host 1
-# goes down. Each rank gives that path up after CHORUS_PEER_TIMEOUT_MS (2 s here) without an
-# acknowledgement, and its traffic, from the first byte the peer did not get, continues on
-# rail 0 (transports/tcp/README.md, "Failover"). Checked, for AllReduce and for send/receive:
-# the run ends without error, every rank's results are right (-c 1: nccl-tests' check on every
-# rank), both ranks say they gave the path up, and rail 0 carried the rest.
+# One rail taken down mid-collective, and up again (issue 12, section 4): 2 hosts x 2 rails of
+# 1 Gbit/s, one TCP path per rail (CHORUS_NCHANNELS=2). Once both ranks are in the timed loop,
+# rail 1 of host 1 goes down. Each rank gives that path up after CHORUS_PEER_TIMEOUT_MS (2 s
+# here) without an acknowledgement, and its traffic, from the first byte the peer did not get,
+# continues on rail 0 (transports/tcp/README.md, "Failover"). Once both have, the rail comes
+# back; the ranks reconnect the path in the background and move its traffic back onto it.
+# Checked, for AllReduce and for send/receive: the run ends without error, every rank's results
+# are right (-c 1: nccl-tests' check on every rank), both ranks say they gave the path up and
+# later that it works again, rail 0 carried traffic while rail 1 was down, and rail 1 carried
+# traffic again after it came back.
 #   failover_test.sh TESTBED_SH CHORUS_RUN ALL_REDUCE_PERF SENDRECV_PERF
 # Exit 77 (skipped) without root, iproute2, nsenter or unshare.
 set -euo pipefail
@@ -40,7 +43,7 @@ rail_bytes() {  # bytes through host 0's rail $1, both directions
     $("$TESTBED" run 0 cat /sys/class/net/rail$1/statistics/rx_bytes)))
 }
 "$TESTBED" launch -n 2 --ifname rail -x CHORUS_NCHANNELS=2 -x CHORUS_PEER_TIMEOUT_MS=2000 \
-  -x CHORUS_TIMEOUT_MS=60000 bash "$work/wrap.sh" "$work" "$@" -b 8M -e 8M -n 30 -w 1 -c 1 \
+  -x CHORUS_TIMEOUT_MS=60000 bash "$work/wrap.sh" "$work" "$@" -b 8M -e 8M -n 80 -w 1 -c 1 \
   > "$work/launch.log" 2>&1 &
 launcher=$!
 # Cut only once both ranks are in the timed loop and both rails carry data.
@@ -62,6 +65,16 @@ if [ "$started" = 0 ] || ! kill -0 $launcher 2> /dev/null; then
 fi
 "$TESTBED" link 1 1 down > /dev/null
 after=$(rail_bytes 0)
+given_up() { grep -q "is given up, its traffic continues" "$work/rank$1.log" 2> /dev/null; }
+for _ in $(seq 1 150); do
+  given_up 0 && given_up 1 && break
+  kill -0 $launcher 2> /dev/null || break
+  sleep 0.2
+done
+sleep 1  # traffic on rail 0 alone
+moved=$(($(rail_bytes 0) - after))
+"$TESTBED" link 1 1 up > /dev/null
+back=$(rail_bytes 1)
 for _ in $(seq 1 400); do kill -0 $launcher 2> /dev/null || break; sleep 0.2; done
 if kill -0 $launcher 2> /dev/null; then
   cat "$work"/rank[01].log
@@ -70,14 +83,16 @@ if kill -0 $launcher 2> /dev/null; then
   exit 1
 fi
 wait $launcher || true
-moved=$(($(rail_bytes 0) - after))
+returned=$(($(rail_bytes 1) - back))
 for rank in 0 1; do
   rc=$(cat "$work/rank$rank.end" 2> /dev/null || echo missing)
   msg=$(grep -m1 "is given up, its traffic continues" "$work/rank$rank.log" || true)
+  again=$(grep -m1 "works again" "$work/rank$rank.log" || true)
   echo "$case: rank $rank exit $rc: ${msg:-<no failover message>}" | cut -c1-300
-  if [ "$rc" != 0 ] || [ -z "$msg" ]; then
+  echo "$case: rank $rank: ${again:-<no recovery message>}" | cut -c1-300
+  if [ "$rc" != 0 ] || [ -z "$msg" ] || [ -z "$again" ]; then
     cat "$work/rank$rank.log"
-    echo "FAIL: $case: rank $rank must finish without error after giving up the path"
+    echo "FAIL: $case: rank $rank must finish without error, give the path up, and take it back"
     exit 1
   fi
 done
@@ -87,10 +102,12 @@ if ! grep -q "Out of bounds values : 0 OK" "$work/rank0.log"; then
   echo "FAIL: $case: wrong results after the failover"
   exit 1
 fi
-echo "$case: rail 0 carried $((moved >> 20)) MiB after the cut"
+echo "$case: rail 0 carried $((moved >> 20)) MiB while rail 1 was down; rail 1 carried" \
+  "$((returned >> 20)) MiB after it came back"
 [ "$moved" -gt $((16 << 20)) ] || { echo "FAIL: $case: rail 0 carried little after the cut"; exit 1; }
+[ "$returned" -gt $((16 << 20)) ] || { echo "FAIL: $case: rail 1 was not used again"; exit 1; }
 INNER
 # A fresh bed for each case (the inner script takes a rail down).
 "$tb" exec --hosts 2 --rails 2 --rate 1gbit -- bash "$work/inner.sh" "$work" allreduce "$allreduce"
 "$tb" exec --hosts 2 --rails 2 --rate 1gbit -- bash "$work/inner.sh" "$work" sendrecv "$sendrecv"
-echo "failover: both collectives finished, right, on the surviving rail"
+echo "failover: both collectives finished, right, over the surviving rail and then both again"

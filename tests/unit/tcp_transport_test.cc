@@ -22,6 +22,7 @@
 #include "common/dtype.h"
 #include "kernels/reduce/reduce.h"
 #include "transports/tcp/tcp_connection.h"
+#include "transports/tcp/tcp_mender.h"
 
 namespace chorus::tcp {
 namespace {
@@ -376,12 +377,18 @@ namespace chorus::tcp {
 namespace {
 
 // Both ranks' connections to each other (2 channels) joined as failover groups, as the plug-in
-// does for a peer on two rails.
-void join_groups(Group& g) {
+// does for a peer on two rails; with `mend`, each rank's mender reconnects failed channels on
+// its listener.
+void join_groups(Group& g, bool mend = false) {
   for (int r = 0; r < 2; ++r) {
     auto group = std::make_shared<TcpPeerGroup>();
     for (int c = 0; c < 2; ++c)
       group->members.push_back(static_cast<TcpConnection*>(g.get(r, 1 - r, c)));
+    if (mend) {
+      group->mender = std::make_shared<TcpMender>(r, kUid, g.setups[r].secret,
+                                                  g.listeners[r]->fd());
+      group->mender->add(group.get());
+    }
     for (TcpConnection* m : group->members) m->join_group(group);
   }
 }
@@ -487,6 +494,39 @@ TEST_CASE("tcp: a failed channel's traffic continues on its sibling, in order an
   REQUIRE(more.run(g, 0, nullptr));
   for (auto& m : more.msgs) REQUIRE(m->got == m->expected);
   CHECK(g.get(0, 1, 1)->error().ok());
+}
+
+TEST_CASE("tcp: a failed channel is reconnected in the background and carries its own traffic "
+          "again", "[unit][tcp]") {
+  Group g = make_group(2, 2, 4099);
+  join_groups(g, true);
+  Traffic t(11);
+  short events = 0;
+  const int fd = g.get(0, 1, 1)->poll_fd(&events);
+  REQUIRE(t.run(g, 8, [&] { ::shutdown(fd, SHUT_WR); }));
+  for (auto& m : t.msgs) REQUIRE(m->got == m->expected);
+  auto* c01 = static_cast<TcpConnection*>(g.get(0, 1, 1));
+  auto* c10 = static_cast<TcpConnection*>(g.get(1, 0, 1));
+  // The menders reconnect within about a second; the switch back happens as traffic flows.
+  Deadline deadline = Deadline::after_ms(20000);
+  int rounds = 0;
+  while ((c01->abandoned() || c10->abandoned()) && !deadline.expired()) {
+    Traffic more(static_cast<uint32_t>(100 + rounds++));
+    REQUIRE(more.run(g, 0, nullptr));
+    for (auto& m : more.msgs) REQUIRE(m->got == m->expected);
+  }
+  INFO("rounds of traffic while waiting: " << rounds);
+  CHECK_FALSE(c01->abandoned());
+  CHECK_FALSE(c10->abandoned());
+  // Back to normal: it carries its traffic, and a later failure is survived again.
+  Traffic after(12);
+  const int fd_new = c01->poll_fd(&events);
+  REQUIRE(after.run(g, 8, [&] { ::shutdown(fd_new, SHUT_WR); }));
+  for (auto& m : after.msgs) {
+    REQUIRE_FALSE(m->s.failed());
+    REQUIRE_FALSE(m->r.failed());
+    REQUIRE(m->got == m->expected);
+  }
 }
 
 TEST_CASE("tcp: a second failure in a group fails every channel, naming the peer",

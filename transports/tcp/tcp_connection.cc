@@ -66,6 +66,7 @@ TcpConnection::TcpConnection(UniqueFd fd, int my_rank, int peer, int channel,
                                     : fmt::format("{}, {}", peer_label, peer_addr.to_string())),
       bounce_bytes_(std::max(bounce_bytes, kMinBounceBytes)),
       rx_buf_(std::make_unique<uint8_t[]>(kRxBufferBytes)) {
+  peer_sockaddr_ = peer_addr;
   net::set_nodelay(fd_.get());
   net::set_buffer_sizes(fd_.get(), kSocketBufferBytes);
   net::set_keepalive(fd_.get(), params::kPeerTimeoutMs.get());
@@ -102,7 +103,7 @@ void TcpConnection::post_recv(RecvRequest* req) {
 
 int TcpConnection::poll_fd(short* events) const {
   if (broken_) return -1;
-  if (abandoned_) {
+  if (abandoned()) {
     // Everything of this path travels on the carrier now.
     const TcpConnection* c = carrier();
     if (c == nullptr) return -1;
@@ -118,9 +119,11 @@ int TcpConnection::poll_fd(short* events) const {
 }
 
 bool TcpConnection::progress() {
-  if (broken_ || (idle() && !demux_ && ctl_q_.empty() && !abandoned_)) return false;
+  if (handoff_ready_.load(std::memory_order_acquire)) adopt_socket();
+  if (broken_ || (idle() && !demux_ && ctl_q_.empty() && !abandoned())) return false;
   bool moved = false;
-  if (abandoned_) {
+  if (tx_tunnel_ && resending_ && fd_.valid()) switch_tx();
+  if (abandoned()) {
     TcpConnection* c = carrier();
     if (c != nullptr) moved |= c->pump() | c->flush_control();
   } else if (demux_) {
@@ -168,7 +171,7 @@ bool TcpConnection::progress_sends() {
     }
     if (n == 0) {
       // Stuck on a full socket: make sure the peer is still there to drain it.
-      if (!abandoned_ && recvs_.empty() && !peer_alive()) return true;
+      if (!tx_tunnel_ && recvs_.empty() && !peer_alive()) return true;
       return moved;
     }
     moved = true;
@@ -209,11 +212,23 @@ bool TcpConnection::peer_alive() {
 // ---- Receives -------------------------------------------------------------------------------
 
 ssize_t TcpConnection::take(void* dst, size_t want, int* err) {
-  if (abandoned_ || demux_) {
+  if (rx_fed_ && feed_.empty() && rx_switch_ && fd_.valid()) {
+    // The peer's stream moved back onto this path's new socket, from the byte reached here.
+    if (rx_total_ != rx_switch_at_) {
+      fail_group(remote_error("rank {} ({}) resumed tcp channel {} at byte {} but rank {} "
+                              "had read {} of it", peer(), peer_addr_, channel(), rx_switch_at_,
+                              my_rank_, rx_total_));
+      *err = EPROTO;
+      return -1;
+    }
+    rx_fed_ = rx_switch_ = false;
+    maybe_recovered();
+  }
+  if (rx_fed_ || demux_) {
     // The rest of an abandoned path's stream arrives over its carrier; a carrier's own stream
     // was read ahead by its pump.
-    ByteQueue& q = abandoned_ ? feed_ : own_q_;
-    TcpConnection* c = abandoned_ ? carrier() : this;
+    ByteQueue& q = rx_fed_ ? feed_ : own_q_;
+    TcpConnection* c = rx_fed_ ? carrier() : this;
     if (q.empty() && c != nullptr) c->pump();
     if (!q.empty()) return static_cast<ssize_t>(q.take(dst, want));
     if (c == nullptr || c->pump_err_ < 0) return 0;
@@ -297,7 +312,8 @@ bool TcpConnection::fill_header(const RecvRequest* req, bool* moved) {
     read_farewell(req);
     return false;
   }
-  if ((rx_header_.magic == kAbandonMagic || rx_header_.magic == kTunnelMagic) &&
+  if ((rx_header_.magic == kAbandonMagic || rx_header_.magic == kTunnelMagic ||
+       rx_header_.magic == kSwitchMagic) &&
       group_ != nullptr && !demux_) {
     // The peer moved a failed sibling's traffic here: from now on the pump reads the socket.
     start_demux();
@@ -403,7 +419,7 @@ Status TcpConnection::io_error(int err, const Request* req, const char* doing) c
 
 void TcpConnection::farewell(const Status& why) {
   // Only between messages (a partly sent one would swallow it), and only once.
-  if (broken_ || farewell_sent_ || send_off_ != 0 || !ctl_q_.empty() || abandoned_ || why.ok())
+  if (broken_ || farewell_sent_ || send_off_ != 0 || !ctl_q_.empty() || abandoned() || why.ok())
     return;
   farewell_sent_ = true;
   std::string text = why.message().substr(0, kMaxFarewellBytes);
@@ -452,7 +468,7 @@ void TcpConnection::fail_all(Status status) {
 }
 
 bool TcpConnection::path_state(PathState* out) const {
-  if (abandoned_) {
+  if (tx_tunnel_) {
     // Its traffic shares the carrier's: a path to avoid, except for a probe now and then.
     const TcpConnection* c = carrier();
     out->unacked_bytes = c != nullptr ? c->ctl_q_.size() : 0;
@@ -476,7 +492,7 @@ bool TcpConnection::path_state(PathState* out) const {
 
 bool TcpConnection::check_alive() {
   if (broken_) return false;
-  if (abandoned_) {
+  if (abandoned()) {
     TcpConnection* c = carrier();
     return c != nullptr && c->check_alive() && !broken_;
   }

@@ -9,8 +9,10 @@
 #include <sys/uio.h>
 
 #include <cstddef>
+#include <atomic>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -37,9 +39,11 @@ inline constexpr uint32_t kFarewellMagic = 0x43484657;  // "CHFW"
 // Failover control frames (README.md, "Failover"); `reserved` holds the channel they are about.
 // Abandon: the sender gave up on that channel; its 8-byte payload is how many bytes of that
 // channel's incoming stream the sender read. Tunnel: the payload continues that channel's
-// stream (the sender's bytes for it, from where the peer said it stopped reading).
+// stream (the sender's bytes for it, from where the peer said it stopped reading). Switch: the
+// channel's stream continues on its new socket from the byte in the 8-byte payload on.
 inline constexpr uint32_t kAbandonMagic = 0x43484142;  // "CHAB"
 inline constexpr uint32_t kTunnelMagic = 0x4348544e;   // "CHTN"
+inline constexpr uint32_t kSwitchMagic = 0x43485357;   // "CHSW"
 
 // Bytes in order: appended at the back, taken from the front; grows by doubling, no zero fill.
 class ByteQueue {
@@ -61,10 +65,14 @@ class ByteQueue {
 };
 
 class TcpConnection;
+class TcpMender;
 // The connections to one peer, by channel, that stand in for each other.
 struct TcpPeerGroup {
+  ~TcpPeerGroup();
+  std::mutex mutex;  // guards `members` against a connection's destruction (for the mender)
   std::vector<TcpConnection*> members;
-  bool failed_over = false;  // one member was abandoned: a second failure fails them all
+  bool failed_over = false;  // a member is abandoned: a second failure fails them all
+  std::shared_ptr<TcpMender> mender;  // reconnects abandoned members; may be null
 };
 
 // Not thread-safe: post_*, progress() and the queries must come from one thread at a time
@@ -76,7 +84,7 @@ class TcpConnection final : public Connection {
   // the staging buffer of reducing receives (allocated on the first one).
   TcpConnection(UniqueFd fd, int my_rank, int peer, int channel, const net::SockAddr& peer_addr,
                 size_t bounce_bytes, const std::string& peer_label = {});
-  ~TcpConnection() override = default;
+  ~TcpConnection() override;
 
   void post_send(SendRequest* req) override;
   void post_recv(RecvRequest* req) override;
@@ -101,8 +109,16 @@ class TcpConnection final : public Connection {
   // this one keeps a copy of what it sent until the peer's kernel acknowledged it, so that a
   // failure of this path can be survived by resending over a sibling.
   void join_group(std::shared_ptr<TcpPeerGroup> group);
-  // Abandoned after a failure: the traffic now goes through a sibling.
-  bool abandoned() const { return abandoned_; }
+  // Abandoned after a failure: the traffic now goes (either way) through a sibling.
+  bool abandoned() const { return tx_tunnel_ || rx_fed_; }
+  bool failed_over() const override { return abandoned() && !broken_; }
+  // For the mender (any thread): the path waits for a new socket; this rank opens it (the
+  // lower rank, as at setup) at the peer's listening address for this channel; a new socket,
+  // authenticated and identified, for it.
+  bool wants_socket() const { return wants_socket_.load(std::memory_order_acquire); }
+  bool connects() const { return my_rank_ < peer(); }
+  const net::SockAddr& peer_sockaddr() const { return peer_sockaddr_; }
+  void offer_socket(UniqueFd fd);
 
  private:
   static constexpr size_t kMaxBatch = 16;  // send requests gathered into one sendmsg()
@@ -153,6 +169,12 @@ class TcpConnection final : public Connection {
   bool flush_control();
   // Abandoned: the outgoing stream continues as tunnel frames on the carrier. Bytes accepted.
   size_t tunnel_out(const iovec* iov, size_t n_iov, size_t total);
+  // Takes the socket the mender offered; once the peer knows where to resume, the outgoing
+  // stream moves onto it (a Switch frame on the carrier says from which byte).
+  void adopt_socket();
+  void switch_tx();
+  // Both directions back on a socket of their own: the group may fail over again.
+  void maybe_recovered();
   // Carrier: reads its socket ahead of its own receives, so that control frames behind
   // messages nobody has asked for yet are seen; its own messages wait in own_q_.
   void start_demux();
@@ -199,9 +221,17 @@ class TcpConnection final : public Connection {
   uint8_t pump_ctl_[8] = {};
   size_t pump_ctl_got_ = 0;
   int pump_err_ = -1;        // the socket failed (errno, 0: EOF) once own_q_ is empty
-  bool abandoned_ = false;
+  net::SockAddr peer_sockaddr_;  // where the peer listens for this channel (when connects())
+  bool tx_tunnel_ = false;   // outgoing bytes go as tunnel frames on the carrier
+  bool rx_fed_ = false;      // incoming bytes come from feed_ (drained, then tunnelled)
   bool resending_ = false;   // abandoned, and the peer said where to resume
-  ByteQueue feed_;           // abandoned: the rest of the incoming stream
+  ByteQueue feed_;           // rx_fed_: the rest of the incoming stream
+  bool rx_switch_ = false;   // rx_fed_: the peer moved its stream onto the new socket ...
+  uint64_t rx_switch_at_ = 0;  // ... from this byte on
+  std::atomic<bool> wants_socket_{false};
+  std::atomic<bool> handoff_ready_{false};
+  std::mutex handoff_mutex_;
+  UniqueFd handoff_fd_;
 };
 
 }  // namespace chorus::tcp

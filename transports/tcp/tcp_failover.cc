@@ -22,7 +22,11 @@
 #include <cstring>
 
 #include "common/log.h"
+#include "common/params.h"
+#include "net/socket.h"
 #include "transports/tcp/tcp_connection.h"
+#include "transports/tcp/tcp_mender.h"
+#include "transports/tcp/tcp_transport.h"
 
 namespace chorus::tcp {
 
@@ -34,7 +38,9 @@ constexpr size_t kTunnelFrameBytes = 256 << 10;  // payload of one tunnel frame 
 constexpr size_t kTunnelBacklogBytes = 4 << 20;  // control bytes queued on a carrier at most
 constexpr size_t kMaxReadAheadBytes = size_t{1} << 30;  // a carrier's own_q_ at most
 
-bool is_control(uint32_t magic) { return magic == kAbandonMagic || magic == kTunnelMagic; }
+bool is_control(uint32_t magic) {
+  return magic == kAbandonMagic || magic == kTunnelMagic || magic == kSwitchMagic;
+}
 
 // Copies `n` bytes gathered from iov into dst.
 void gather(const iovec* iov, size_t n_iov, size_t n, uint8_t* dst) {
@@ -85,7 +91,7 @@ size_t ByteQueue::take(void* dst, size_t n) {
 // ---- The socket's stream ----------------------------------------------------------------------
 
 ssize_t TcpConnection::write_out(const iovec* iov, size_t n_iov, size_t total, int* err) {
-  if (abandoned_) return static_cast<ssize_t>(tunnel_out(iov, n_iov, total));
+  if (tx_tunnel_) return static_cast<ssize_t>(tunnel_out(iov, n_iov, total));
   msghdr msg{};
   msg.msg_iov = const_cast<iovec*>(iov);
   msg.msg_iovlen = n_iov;
@@ -123,13 +129,13 @@ void TcpConnection::join_group(std::shared_ptr<TcpPeerGroup> group) { group_ = s
 TcpConnection* TcpConnection::carrier() const {
   if (group_ == nullptr) return nullptr;
   for (TcpConnection* m : group_->members) {
-    if (m != this && m != nullptr && !m->abandoned_ && !m->broken_) return m;
+    if (m != this && m != nullptr && !m->abandoned() && !m->broken_) return m;
   }
   return nullptr;
 }
 
 bool TcpConnection::can_fail_over() const {
-  return group_ != nullptr && !group_->failed_over && !abandoned_ && !broken_ &&
+  return group_ != nullptr && !group_->failed_over && !abandoned() && !broken_ &&
          carrier() != nullptr;
 }
 
@@ -153,7 +159,8 @@ void TcpConnection::abandon(Status why) {
   TcpConnection* c = carrier();
   CHORUS_WARN(kNet, "{}; tcp channel {} to rank {} is given up, its traffic continues on tcp "
               "channel {} ({})", why.message(), channel(), peer(), c->channel(), c->path_name_);
-  abandoned_ = true;
+  tx_tunnel_ = rx_fed_ = true;
+  rx_switch_ = resending_ = false;
   group_->failed_over = true;
   // What the socket still holds was acknowledged to the peer: it is ours to read, after the
   // read-ahead buffer's bytes. Then the socket is closed, and the peer learns how far its
@@ -175,11 +182,82 @@ void TcpConnection::abandon(Status why) {
   c->start_demux();
   const uint64_t consumed = rx_total_;
   c->push_control(kAbandonMagic, channel(), &consumed, sizeof(consumed));
+  if (group_->mender != nullptr) {
+    wants_socket_.store(true, std::memory_order_release);
+    group_->mender->wake();
+  }
+}
+
+// ---- Taking a path back -----------------------------------------------------------------------
+
+TcpPeerGroup::~TcpPeerGroup() {
+  if (mender != nullptr) mender->remove(this);
+}
+
+TcpConnection::~TcpConnection() {
+  if (group_ != nullptr) {
+    std::lock_guard<std::mutex> lock(group_->mutex);
+    for (TcpConnection*& m : group_->members) {
+      if (m == this) m = nullptr;
+    }
+  }
+}
+
+void TcpConnection::offer_socket(UniqueFd fd) {
+  std::lock_guard<std::mutex> lock(handoff_mutex_);
+  handoff_fd_ = std::move(fd);
+  wants_socket_.store(false, std::memory_order_release);
+  handoff_ready_.store(true, std::memory_order_release);
+}
+
+void TcpConnection::adopt_socket() {
+  UniqueFd fd;
+  {
+    std::lock_guard<std::mutex> lock(handoff_mutex_);
+    fd = std::move(handoff_fd_);
+    handoff_ready_.store(false, std::memory_order_relaxed);
+  }
+  if (broken_ || !abandoned() || !fd.valid()) return;
+  net::set_nodelay(fd.get());
+  net::set_buffer_sizes(fd.get(), kSocketBufferBytes);
+  net::set_keepalive(fd.get(), params::kPeerTimeoutMs.get());
+  fd_ = std::move(fd);
+  net::SockAddr local;
+  local.len = sizeof(local.storage);
+  if (getsockname(fd_.get(), local.mutable_sa(), &local.len) == 0)
+    path_name_ = fmt::format("{} -> {}", local.to_string(), net::peer_name(fd_.get()));
+  rx_buf_pos_ = rx_buf_len_ = 0;
+  rx_drained_ = false;
+  CHORUS_INFO(kNet, "tcp: rank {} has a new socket for channel {} to rank {}", my_rank_,
+              channel(), peer());
+}
+
+void TcpConnection::switch_tx() {
+  // Everything tunnelled so far is queued on the carrier ahead of this frame.
+  const uint64_t at = tx_written_;
+  carrier()->push_control(kSwitchMagic, channel(), &at, sizeof(at));
+  tx_tunnel_ = false;
+  tx_keep_.clear();
+  tx_keep_from_ = tx_written_;
+  CHORUS_INFO(kNet, "tcp: rank {} sends channel {} to rank {} on its own socket again from byte "
+              "{}", my_rank_, channel(), peer(), at);
+  maybe_recovered();
+}
+
+void TcpConnection::maybe_recovered() {
+  if (abandoned()) return;
+  resending_ = false;
+  for (TcpConnection* m : group_->members) {
+    if (m != nullptr && m->abandoned()) return;
+  }
+  group_->failed_over = false;
+  CHORUS_WARN(kNet, "tcp: channel {} to rank {} ({}) works again; rank {} routes over it again",
+              channel(), peer(), peer_addr_, my_rank_);
 }
 
 void TcpConnection::on_peer_abandon(uint64_t consumed) {
   if (broken_ || resending_) return;
-  if (!abandoned_) {
+  if (!abandoned()) {
     if (!can_fail_over()) {
       fail_group(remote_error("rank {} ({}) gave up tcp channel {} while rank {} cannot move its "
                               "traffic to another channel", peer(), peer_addr_, channel(),
@@ -306,8 +384,10 @@ bool TcpConnection::pump() {
         const size_t about = pump_hdr_.reserved;
         TcpConnection* m = about < group_->members.size() ? group_->members[about] : nullptr;
         const bool ok = m != nullptr && m != this &&
-                        (pump_hdr_.magic == kAbandonMagic ? pump_left_ == sizeof(uint64_t)
-                                                          : m->abandoned_);
+                        (pump_hdr_.magic == kTunnelMagic ? m->rx_fed_ && !m->rx_switch_
+                         : pump_hdr_.magic == kSwitchMagic
+                             ? m->rx_fed_ && !m->rx_switch_ && pump_left_ == sizeof(uint64_t)
+                             : pump_left_ == sizeof(uint64_t));
         if (!ok) {
           fail_group(remote_error("rank {} ({}) sent a failover frame ({:#010x}) about tcp "
                                   "channel {} that rank {} cannot take ({} bytes)", peer(),
@@ -329,13 +409,14 @@ bool TcpConnection::pump() {
       const size_t want = static_cast<size_t>(std::min<uint64_t>(pump_left_, 256 << 10));
       TcpConnection* m = is_control(pump_hdr_.magic) ? group_->members[pump_hdr_.reserved] : this;
       ssize_t n;
-      if (pump_hdr_.magic == kAbandonMagic) {
+      if (pump_hdr_.magic != kTunnelMagic && m != this) {
         n = raw_take(pump_ctl_ + pump_ctl_got_, want, &err);
         if (n > 0) pump_ctl_got_ += static_cast<size_t>(n);
       } else {
         ByteQueue& q = m == this ? own_q_ : m->feed_;
         n = raw_take(q.tail(want), want, &err);
         if (n > 0) q.commit(static_cast<size_t>(n));
+        if (n > 0 && m != this) m->rx_total_ += static_cast<uint64_t>(n);  // its stream goes on
       }
       if (n == 0) break;
       if (n < 0) {
@@ -347,10 +428,16 @@ bool TcpConnection::pump() {
     }
     if (pump_left_ == 0) {
       pump_in_frame_ = false;
-      if (pump_hdr_.magic == kAbandonMagic) {
-        uint64_t consumed;
-        std::memcpy(&consumed, pump_ctl_, sizeof(consumed));
-        group_->members[pump_hdr_.reserved]->on_peer_abandon(consumed);
+      if (pump_hdr_.magic == kAbandonMagic || pump_hdr_.magic == kSwitchMagic) {
+        uint64_t at;
+        std::memcpy(&at, pump_ctl_, sizeof(at));
+        TcpConnection* m = group_->members[pump_hdr_.reserved];
+        if (pump_hdr_.magic == kAbandonMagic) {
+          m->on_peer_abandon(at);
+        } else {
+          m->rx_switch_ = true;  // what was tunnelled before is in its feed_ already
+          m->rx_switch_at_ = at;
+        }
       }
     }
   }

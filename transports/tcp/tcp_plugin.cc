@@ -15,6 +15,7 @@
 #include "net/socket.h"
 #include "transports/registry.h"
 #include "transports/tcp/tcp_connection.h"
+#include "transports/tcp/tcp_mender.h"
 #include "transports/tcp/tcp_transport.h"
 
 namespace chorus::tcp {
@@ -115,8 +116,14 @@ class TcpInstance final : public TransportInstance {
           })) {
         continue;
       }
+      if (mender_ == nullptr) {
+        mender_ = std::make_shared<TcpMender>(ctx_.rank, ctx_.comm_uid, ctx_.secret,
+                                              listener_->fd());
+      }
       auto group = std::make_shared<TcpPeerGroup>();
       for (auto& conn : table[i]) group->members.push_back(static_cast<TcpConnection*>(conn.get()));
+      group->mender = mender_;
+      mender_->add(group.get());
       for (TcpConnection* m : group->members) m->join_group(group);
     }
     return table;
@@ -127,6 +134,7 @@ class TcpInstance final : public TransportInstance {
   std::unique_ptr<TcpListener> listener_;
   std::vector<net::SockAddr> rails_;  // the listener's address on each rail
   std::vector<std::string> rail_names_;
+  std::shared_ptr<TcpMender> mender_;  // reconnects failed paths of the failover groups
 };
 
 Result<std::unique_ptr<TransportInstance>> open(const TransportContext& ctx) {
