@@ -125,7 +125,10 @@ bool TcpConnection::progress() {
   if (tx_tunnel_ && resending_ && fd_.valid()) switch_tx();
   if (abandoned()) {
     TcpConnection* c = carrier();
-    if (c != nullptr) moved |= c->pump() | c->flush_control();
+    if (c != nullptr) {
+      moved |= c->pump();
+      moved |= c->flush_control();
+    }
   } else if (demux_) {
     moved |= pump();
   }
@@ -191,7 +194,10 @@ bool TcpConnection::progress_sends() {
     }
     // Anything left unsent means the socket is full.
     if (static_cast<size_t>(n) < total) return moved;
-    if (!ctl_q_.empty()) return moved | flush_control();  // frames queued meanwhile go first
+    if (!ctl_q_.empty()) {  // frames queued meanwhile go first
+      moved |= flush_control();
+      return moved;
+    }
   }
   return moved;
 }
