@@ -64,7 +64,7 @@ uint8_t* ByteQueue::tail(size_t n) {
   } else {
     size_t cap = std::max<size_t>(cap_ * 2, 64 << 10);
     while (cap - used < n) cap *= 2;
-    auto bigger = std::make_unique<uint8_t[]>(cap);
+    auto bigger = std::make_unique_for_overwrite<uint8_t[]>(cap);
     if (used > 0) std::memcpy(bigger.get(), buf_.get() + begin_, used);
     buf_ = std::move(bigger);
     cap_ = cap;
@@ -102,7 +102,7 @@ ssize_t TcpConnection::write_out(const iovec* iov, size_t n_iov, size_t total, i
         const auto k = static_cast<size_t>(n);
         gather(iov, n_iov, k, tx_keep_.tail(k));
         tx_keep_.commit(k);
-        if (tx_keep_.size() > kKeepSlackBytes && !group_->failed_over) release_acked();
+        if (tx_keep_.size() > kKeepSlackBytes) release_acked();
       }
       tx_written_ += static_cast<uint64_t>(n);
       return n;
