@@ -376,13 +376,13 @@ TEST_CASE("tcp: a missing peer times out with a message naming it", "[unit][tcp]
 namespace chorus::tcp {
 namespace {
 
-// Both ranks' connections to each other (2 channels) joined as failover groups, as the plug-in
-// does for a peer on two rails; with `mend`, each rank's mender reconnects failed channels on
-// its listener.
-void join_groups(Group& g, bool mend = false) {
+// Both ranks' connections to each other (`channels` of them) joined as failover groups, as the
+// plug-in does for a peer on several rails; with `mend`, each rank's mender reconnects failed
+// channels on its listener.
+void join_groups(Group& g, bool mend = false, int channels = 2) {
   for (int r = 0; r < 2; ++r) {
     auto group = std::make_shared<TcpPeerGroup>();
-    for (int c = 0; c < 2; ++c)
+    for (int c = 0; c < channels; ++c)
       group->members.push_back(static_cast<TcpConnection*>(g.get(r, 1 - r, c)));
     if (mend) {
       group->mender = std::make_shared<TcpMender>(r, kUid, g.setups[r].secret,
@@ -393,10 +393,10 @@ void join_groups(Group& g, bool mend = false) {
   }
 }
 
-// Messages on both channels in both directions, every third one on channel 1 a reducing
+// Messages on every channel in both directions, every third one on channels >= 1 a reducing
 // receive of random floats; `cut` runs once rank 0 has completed `cut_after` of its sends on
-// channel 1. Progresses all four connections from this thread until everything is done or
-// fails, or 30 s pass; true if everything completed.
+// channel `cut_channel`. Progresses every connection from this thread until everything is done
+// or fails, or 30 s pass; true if everything completed.
 struct Traffic {
   static constexpr int kMessages = 30;
   struct Message {
@@ -404,20 +404,23 @@ struct Traffic {
     SendRequest s;
     RecvRequest r;
   };
+  const int channels;
   std::vector<std::unique_ptr<Message>> msgs;  // [from][channel][i]
 
-  Message& at(int from, int channel, int i) { return *msgs[(from * 2 + channel) * kMessages + i]; }
+  Message& at(int from, int channel, int i) {
+    return *msgs[(from * channels + channel) * kMessages + i];
+  }
 
-  explicit Traffic(uint32_t seed) {
+  explicit Traffic(uint32_t seed, int channels_ = 2) : channels(channels_) {
     std::mt19937 rng(seed);
     std::uniform_real_distribution<float> value(-3.0f, 3.0f);
-    for (int k = 0; k < 2 * 2 * kMessages; ++k) msgs.push_back(std::make_unique<Message>());
+    for (int k = 0; k < 2 * channels * kMessages; ++k) msgs.push_back(std::make_unique<Message>());
     for (int from = 0; from < 2; ++from) {
-      for (int c = 0; c < 2; ++c) {
+      for (int c = 0; c < channels; ++c) {
         for (int i = 0; i < kMessages; ++i) {
           Message& m = at(from, c, i);
           const size_t count = (static_cast<size_t>(i) * i * 7919 + 13) % 200000 + 1;
-          const bool reduce = c == 1 && i % 3 == 0;
+          const bool reduce = c >= 1 && i % 3 == 0;
           m.sent.resize(count);
           for (float& v : m.sent) v = value(rng);
           m.got.assign(count, 0.0f);
@@ -441,9 +444,9 @@ struct Traffic {
     }
   }
 
-  bool run(Group& g, int cut_after, const std::function<void()>& cut) {
+  bool run(Group& g, int cut_after, const std::function<void()>& cut, int cut_channel = 1) {
     for (int from = 0; from < 2; ++from) {
-      for (int c = 0; c < 2; ++c) {
+      for (int c = 0; c < channels; ++c) {
         for (int i = 0; i < kMessages; ++i) {
           g.get(from, 1 - from, c)->post_send(&at(from, c, i).s);
           g.get(1 - from, from, c)->post_recv(&at(from, c, i).r);
@@ -455,7 +458,7 @@ struct Traffic {
     for (;;) {
       int open = 0, sent_on_1 = 0;
       for (auto& m : msgs) open += !m->s.done() + !m->r.done();
-      for (int i = 0; i < kMessages; ++i) sent_on_1 += at(0, 1, i).s.done();
+      for (int i = 0; i < kMessages; ++i) sent_on_1 += at(0, cut_channel, i).s.done();
       if (open == 0) return true;
       if (deadline.expired()) return false;
       if (!cut_done && sent_on_1 >= cut_after) {
@@ -463,7 +466,7 @@ struct Traffic {
         cut_done = true;
       }
       for (int r = 0; r < 2; ++r)
-        for (int c = 0; c < 2; ++c) g.get(r, 1 - r, c)->progress();
+        for (int c = 0; c < channels; ++c) g.get(r, 1 - r, c)->progress();
     }
   }
 };
@@ -527,6 +530,36 @@ TEST_CASE("tcp: a failed channel is reconnected in the background and carries it
     REQUIRE_FALSE(m->r.failed());
     REQUIRE(m->got == m->expected);
   }
+}
+
+TEST_CASE("tcp: with three channels, two may fail one after the other; the first carries both",
+          "[unit][tcp]") {
+  Group g = make_group(2, 3, 4099);
+  join_groups(g, false, 3);
+  short events = 0;
+  const int fd1 = g.get(0, 1, 1)->poll_fd(&events);
+  const int fd2 = g.get(1, 0, 2)->poll_fd(&events);
+  Traffic t(13, 3);
+  REQUIRE(t.run(g, 8, [&] { ::shutdown(fd1, SHUT_WR); }, 1));
+  Traffic t2(14, 3);
+  REQUIRE(t2.run(g, 8, [&] { ::shutdown(fd2, SHUT_WR); }, 2));
+  for (Traffic* tr : {&t, &t2}) {
+    for (auto& m : tr->msgs) {
+      REQUIRE_FALSE(m->s.failed());
+      REQUIRE_FALSE(m->r.failed());
+      REQUIRE(m->got == m->expected);
+    }
+  }
+  for (int r = 0; r < 2; ++r) {
+    CHECK_FALSE(static_cast<TcpConnection*>(g.get(r, 1 - r, 0))->abandoned());
+    CHECK(static_cast<TcpConnection*>(g.get(r, 1 - r, 1))->abandoned());
+    CHECK(static_cast<TcpConnection*>(g.get(r, 1 - r, 2))->abandoned());
+  }
+  // The carrier is the last one: its failure fails them all.
+  const int fd0 = g.get(0, 1, 0)->poll_fd(&events);
+  Traffic t3(15, 3);
+  REQUIRE(t3.run(g, 4, [&] { ::shutdown(fd0, SHUT_WR); }, 0));
+  CHECK(g.get(1, 0, 0)->error().code() == Code::kRemoteError);
 }
 
 TEST_CASE("tcp: a second failure in a group fails every channel, naming the peer",

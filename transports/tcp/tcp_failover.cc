@@ -135,8 +135,11 @@ TcpConnection* TcpConnection::carrier() const {
 }
 
 bool TcpConnection::can_fail_over() const {
-  return group_ != nullptr && !group_->failed_over && !abandoned() && !broken_ &&
-         carrier() != nullptr;
+  if (group_ == nullptr || abandoned() || broken_) return false;
+  const TcpConnection* c = carrier();
+  // With others abandoned already, this one may follow them unless it is their carrier (the
+  // lowest channel still working): what they tunnel through it would be lost.
+  return c != nullptr && (!group_->failed_over || c->channel() < channel());
 }
 
 void TcpConnection::path_failed(Status status) {
