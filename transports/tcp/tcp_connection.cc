@@ -218,6 +218,7 @@ bool TcpConnection::peer_alive() {
 // ---- Receives -------------------------------------------------------------------------------
 
 ssize_t TcpConnection::take(void* dst, size_t want, int* err) {
+  if (demux_ && own_q_.empty()) leave_demux();
   if (rx_fed_ && feed_.empty() && rx_switch_ && fd_.valid()) {
     // The peer's stream moved back onto this path's new socket, from the byte reached here.
     if (rx_total_ != rx_switch_at_) {

@@ -178,6 +178,9 @@ class TcpConnection final : public Connection {
   // Carrier: reads its socket ahead of its own receives, so that control frames behind
   // messages nobody has asked for yet are seen; its own messages wait in own_q_.
   void start_demux();
+  // Back to reading the socket directly once the group has no abandoned path left and the
+  // pump stands between two frames with nothing of ours read ahead.
+  void leave_demux();
   bool pump();
   void fail_group(const Status& status);
 

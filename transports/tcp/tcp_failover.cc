@@ -362,6 +362,13 @@ void TcpConnection::start_demux() {
   }
 }
 
+void TcpConnection::leave_demux() {
+  if (group_->failed_over || !own_q_.empty() || pump_in_frame_ || pump_hdr_got_ != 0 ||
+      pump_err_ >= 0)
+    return;
+  demux_ = false;  // what the pump read past its last frame is in rx_buf_, read next
+}
+
 bool TcpConnection::pump() {
   bool moved = false;
   while (demux_ && pump_err_ < 0 && !broken_ && own_q_.size() < kMaxReadAheadBytes) {
