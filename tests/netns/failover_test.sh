@@ -17,22 +17,12 @@ tb=$1
 export CHORUS_RUN=$2
 allreduce=$3
 sendrecv=$4
-if [ "$(id -u)" != 0 ] || ! command -v ip > /dev/null || ! command -v nsenter > /dev/null ||
-  ! command -v unshare > /dev/null; then
-  echo "SKIP: the test bed needs root, iproute2 and util-linux (nsenter, unshare)"
-  exit 77
-fi
+# shellcheck source=tests/netns/lib.sh
+. "$(dirname "$0")/lib.sh"
+netns_require
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-cat > "$work/wrap.sh" << 'RANK'
-# One rank: runs the tool and records its exit status; always exits 0 (each rank is judged).
-out=$1/rank$CHORUS_RANK
-shift
-rc=0
-"$@" > "$out.log" 2>&1 || rc=$?
-echo "$rc" > "$out.end"
-exit 0
-RANK
+netns_write_rank_wrapper "$work"
 cat > "$work/inner.sh" << 'INNER'
 set -euo pipefail
 work=$1 case=$2
@@ -85,7 +75,8 @@ fi
 wait $launcher || true
 returned=$(($(rail_bytes 1) - back))
 for rank in 0 1; do
-  rc=$(cat "$work/rank$rank.end" 2> /dev/null || echo missing)
+  rc=missing
+  [ -f "$work/rank$rank.end" ] && read -r rc _ < "$work/rank$rank.end"
   msg=$(grep -m1 "is given up, its traffic continues" "$work/rank$rank.log" || true)
   again=$(grep -m1 "works again" "$work/rank$rank.log" || true)
   echo "$case: rank $rank exit $rc: ${msg:-<no failover message>}" | cut -c1-300

@@ -17,22 +17,12 @@ tb=$1
 export CHORUS_RUN=$2
 allreduce=$3
 broadcast=$4
-if [ "$(id -u)" != 0 ] || ! command -v ip > /dev/null || ! command -v nsenter > /dev/null ||
-  ! command -v unshare > /dev/null; then
-  echo "SKIP: the test bed needs root, iproute2 and util-linux (nsenter, unshare)"
-  exit 77
-fi
+# shellcheck source=tests/netns/lib.sh
+. "$(dirname "$0")/lib.sh"
+netns_require
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-cat > "$work/wrap.sh" << 'RANK'
-# One rank: runs the tool, then records its status and end time; always exits 0.
-out=$1/rank$CHORUS_RANK
-shift
-rc=0
-"$@" > "$out.log" 2>&1 || rc=$?
-echo "$rc $(date +%s%N)" > "$out.end"
-exit 0
-RANK
+netns_write_rank_wrapper "$work"
 cat > "$work/inner.sh" << 'INNER'
 set -euo pipefail
 work=$1 case=$2
