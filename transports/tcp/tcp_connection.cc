@@ -62,11 +62,11 @@ TcpConnection::TcpConnection(UniqueFd fd, int my_rank, int peer, int channel,
     : Connection(peer, channel),
       fd_(std::move(fd)),
       my_rank_(my_rank),
+      peer_sockaddr_(peer_addr),
       peer_addr_(peer_label.empty() ? peer_addr.to_string()
                                     : fmt::format("{}, {}", peer_label, peer_addr.to_string())),
       bounce_bytes_(std::max(bounce_bytes, kMinBounceBytes)),
       rx_buf_(std::make_unique<uint8_t[]>(kRxBufferBytes)) {
-  peer_sockaddr_ = peer_addr;
   net::set_nodelay(fd_.get());
   net::set_buffer_sizes(fd_.get(), kSocketBufferBytes);
   net::set_keepalive(fd_.get(), params::kPeerTimeoutMs.get());
@@ -319,9 +319,7 @@ bool TcpConnection::fill_header(const RecvRequest* req, bool* moved) {
     read_farewell(req);
     return false;
   }
-  if ((rx_header_.magic == kAbandonMagic || rx_header_.magic == kTunnelMagic ||
-       rx_header_.magic == kSwitchMagic) &&
-      group_ != nullptr && !demux_) {
+  if (is_failover_frame(rx_header_.magic) && group_ != nullptr && !demux_) {
     // The peer moved a failed sibling's traffic here: from now on the pump reads the socket.
     start_demux();
     return fill_header(req, moved);

@@ -44,6 +44,9 @@ inline constexpr uint32_t kFarewellMagic = 0x43484657;  // "CHFW"
 inline constexpr uint32_t kAbandonMagic = 0x43484142;  // "CHAB"
 inline constexpr uint32_t kTunnelMagic = 0x4348544e;   // "CHTN"
 inline constexpr uint32_t kSwitchMagic = 0x43485357;   // "CHSW"
+inline constexpr bool is_failover_frame(uint32_t magic) {
+  return magic == kAbandonMagic || magic == kTunnelMagic || magic == kSwitchMagic;
+}
 
 // Bytes in order: appended at the back, taken from the front; grows by doubling, no zero fill.
 class ByteQueue {
@@ -186,6 +189,7 @@ class TcpConnection final : public Connection {
 
   UniqueFd fd_;
   int my_rank_;
+  net::SockAddr peer_sockaddr_;  // where the peer listens for this channel (when connects())
   std::string peer_addr_;
   std::string path_name_;  // "local address -> peer address"
   size_t bounce_bytes_;
@@ -224,7 +228,6 @@ class TcpConnection final : public Connection {
   uint8_t pump_ctl_[8] = {};
   size_t pump_ctl_got_ = 0;
   int pump_err_ = -1;        // the socket failed (errno, 0: EOF) once own_q_ is empty
-  net::SockAddr peer_sockaddr_;  // where the peer listens for this channel (when connects())
   bool tx_tunnel_ = false;   // outgoing bytes go as tunnel frames on the carrier
   bool rx_fed_ = false;      // incoming bytes come from feed_ (drained, then tunnelled)
   bool resending_ = false;   // abandoned, and the peer said where to resume

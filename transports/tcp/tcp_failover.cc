@@ -38,9 +38,6 @@ constexpr size_t kTunnelFrameBytes = 256 << 10;  // payload of one tunnel frame 
 constexpr size_t kTunnelBacklogBytes = 4 << 20;  // control bytes queued on a carrier at most
 constexpr size_t kMaxReadAheadBytes = size_t{1} << 30;  // a carrier's own_q_ at most
 
-bool is_control(uint32_t magic) {
-  return magic == kAbandonMagic || magic == kTunnelMagic || magic == kSwitchMagic;
-}
 
 // Copies `n` bytes gathered from iov into dst.
 void gather(const iovec* iov, size_t n_iov, size_t n, uint8_t* dst) {
@@ -165,17 +162,15 @@ void TcpConnection::abandon(Status why) {
   tx_tunnel_ = rx_fed_ = true;
   rx_switch_ = resending_ = false;
   group_->failed_over = true;
-  // What the socket still holds was acknowledged to the peer: it is ours to read, after the
-  // read-ahead buffer's bytes. Then the socket is closed, and the peer learns how far its
-  // stream got here.
-  feed_.append(rx_buf_.get() + rx_buf_pos_, rx_buf_len_ - rx_buf_pos_);
-  rx_buf_pos_ = rx_buf_len_ = 0;
+  // What the socket still holds was acknowledged to the peer: it is ours to read (the
+  // read-ahead buffer's bytes first). Then the socket is closed, and the peer learns how far
+  // its stream got here.
   for (;;) {
     const size_t room = 64 << 10;
-    ssize_t n = ::recv(fd_.get(), feed_.tail(room), room, MSG_DONTWAIT);
+    int err = 0;
+    ssize_t n = raw_take(feed_.tail(room), room, &err);
     if (n <= 0) break;
     feed_.commit(static_cast<size_t>(n));
-    rx_total_ += static_cast<uint64_t>(n);
   }
   // Closed at once with a reset, so that its kernel acknowledges nothing more: what the peer
   // sends on it from now on is resent (the peer learns of the failure from the reset too).
@@ -346,7 +341,7 @@ bool TcpConnection::flush_control() {
 void TcpConnection::start_demux() {
   if (demux_) return;
   demux_ = true;
-  if (rx_header_got_ == kHeaderBytes && !is_control(rx_header_.magic)) {
+  if (rx_header_got_ == kHeaderBytes && !is_failover_frame(rx_header_.magic)) {
     // The reader is inside one of our messages: the pump passes the rest of it on.
     pump_hdr_ = rx_header_;
     pump_in_frame_ = true;
@@ -390,7 +385,7 @@ bool TcpConnection::pump() {
       pump_in_frame_ = true;
       pump_left_ = pump_hdr_.bytes;
       pump_ctl_got_ = 0;
-      if (is_control(pump_hdr_.magic)) {
+      if (is_failover_frame(pump_hdr_.magic)) {
         const size_t about = pump_hdr_.reserved;
         TcpConnection* m = about < group_->members.size() ? group_->members[about] : nullptr;
         const bool ok = m != nullptr && m != this &&
@@ -417,7 +412,7 @@ bool TcpConnection::pump() {
     }
     if (pump_left_ > 0) {
       const size_t want = static_cast<size_t>(std::min<uint64_t>(pump_left_, 256 << 10));
-      TcpConnection* m = is_control(pump_hdr_.magic) ? group_->members[pump_hdr_.reserved] : this;
+      TcpConnection* m = is_failover_frame(pump_hdr_.magic) ? group_->members[pump_hdr_.reserved] : this;
       ssize_t n;
       if (pump_hdr_.magic != kTunnelMagic && m != this) {
         n = raw_take(pump_ctl_ + pump_ctl_got_, want, &err);

@@ -135,34 +135,27 @@ void TcpMender::accept_round(int wait_ms) {
   }
 }
 
-TcpConnection* TcpMender::find(int peer, int channel) {
-  for (TcpPeerGroup* g : groups_) {
-    std::lock_guard<std::mutex> members(g->mutex);
-    for (TcpConnection* m : g->members) {
-      if (m != nullptr && m->peer() == peer && m->channel() == channel && m->wants_socket())
-        return m;
-    }
-  }
-  return nullptr;
-}
-
-bool TcpMender::wanted(int peer, int channel) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  return find(peer, channel) != nullptr;
-}
-
-bool TcpMender::place(int peer, int channel, UniqueFd* fd) {
+template <typename Fn>
+bool TcpMender::with_waiting(int peer, int channel, Fn&& fn) {
   std::lock_guard<std::mutex> lock(mutex_);
   for (TcpPeerGroup* g : groups_) {
-    std::lock_guard<std::mutex> members(g->mutex);
+    std::lock_guard<std::mutex> members(g->mutex);  // the connection stays while fn runs
     for (TcpConnection* m : g->members) {
       if (m != nullptr && m->peer() == peer && m->channel() == channel && m->wants_socket()) {
-        m->offer_socket(std::move(*fd));
+        fn(m);
         return true;
       }
     }
   }
   return false;
+}
+
+bool TcpMender::wanted(int peer, int channel) {
+  return with_waiting(peer, channel, [](TcpConnection*) {});
+}
+
+bool TcpMender::place(int peer, int channel, UniqueFd* fd) {
+  return with_waiting(peer, channel, [&](TcpConnection* m) { m->offer_socket(std::move(*fd)); });
 }
 
 }  // namespace chorus::tcp

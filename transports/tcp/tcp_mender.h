@@ -46,7 +46,10 @@ class TcpMender {
   // Hands `fd` to the abandoned connection (peer, channel), if one still waits for it.
   bool place(int peer, int channel, UniqueFd* fd);
   bool wanted(int peer, int channel);
-  TcpConnection* find(int peer, int channel);  // with mutex_ held
+  // Calls fn(connection) for the abandoned connection (peer, channel) that waits for a socket,
+  // with the locks held that keep it alive; false when there is none.
+  template <typename Fn>
+  bool with_waiting(int peer, int channel, Fn&& fn);
 
   const int my_rank_;
   const uint64_t comm_uid_;
