@@ -85,6 +85,15 @@ struct ByteCounts {
 
 // One path to a peer (chorusPathStats_t): the chunk layer's counters, and what the network
 // says of it now (Connection::path_state) where the transport can tell.
+// Where an express call's bounded wait stands (express.cc, express_p2p.cc; Comm::express_stalled).
+struct ExpressWait {
+  // A wait this long shows the call as running in the flight recorder.
+  static constexpr int64_t kRecordFromNs = 1000000;
+  int64_t since_ns = 0;   // when progress stopped; 0 while it goes on (no clock read then)
+  bool recorded = false;  // `record` is the call's running entry (recorder_.running())
+  uint64_t record = 0;
+};
+
 struct PathReport {
   int peer = 0;
   int path = 0;
@@ -276,13 +285,13 @@ class Comm : public std::enable_shared_from_this<Comm> {
   Status check_usable();
   // The end of an express call (express.cc, express_p2p.cc), as finish_op() ends an operation:
   // a failure gets the call's name (`what()`) as context; its flight-recorder entry is written
-  // (`record`, from recorder_.running(), when the call waited long enough to show as running;
-  // else one completed entry, described by `summarize`); a failure poisons the comm and closes
+  // (the running entry of `wait`, when the call waited long enough to show as running; else
+  // one completed entry, described by `summarize`); a failure poisons the comm and closes
   // its connections (requests in the caller's frame may still be posted), and a thread that
   // queued an operation meanwhile is woken. Sets *result.
   template <typename What, typename Fill>
-  void end_express(Status status, What&& what, bool recorded, uint64_t record,
-                   const Fill& summarize, Status* result);
+  void end_express(Status status, What&& what, const ExpressWait& wait, const Fill& summarize,
+                   Status* result);
   void end_express(Status status, Status* result);
   // run_express for a call the boxes do not take: its algorithm's fibers, stepped here.
   bool run_express_fibers(const CollCall& in, const MsgTag& tag, Status* result);
@@ -306,6 +315,12 @@ class Comm : public std::enable_shared_from_this<Comm> {
   template <typename Collect, typename What, typename Waiting>
   Status check_wait(int64_t now, int64_t last_progress_ns, Collect&& collect, What&& what,
                     Waiting&& waiting);
+  // A pass of an express call without progress: check_wait since `wait->since_ns` (set to now
+  // on the first such pass), and once the wait has lasted ExpressWait::kRecordFromNs, the call
+  // shows as running in the flight recorder (described by `summarize`).
+  template <typename Collect, typename What, typename Waiting, typename Fill>
+  Status express_stalled(ExpressWait* wait, Collect&& collect, What&& what, Waiting&& waiting,
+                         const Fill& summarize);
   void collect_path_reports(int peer, std::vector<PathReport>* out) const;  // drive lock
   // "; waiting for rank 2 (host h, pid 7) to send its data (0 of 64 bytes done)", for each
   // request the op's fibers (or `fibers`) wait on, or for `r` alone (drive lock).
@@ -419,12 +434,25 @@ Status Comm::check_wait(int64_t now, int64_t last_progress_ns, Collect&& collect
                       static_cast<double>(now - last_progress_ns) / 1e9, limit_ms, waiting());
 }
 
+template <typename Collect, typename What, typename Waiting, typename Fill>
+Status Comm::express_stalled(ExpressWait* wait, Collect&& collect, What&& what,
+                             Waiting&& waiting, const Fill& summarize) {
+  const int64_t now = now_coarse_ns();
+  if (wait->since_ns == 0) wait->since_ns = now;
+  Status status = check_wait(now, wait->since_ns, collect, what, waiting);
+  if (status.ok() && !wait->recorded && now - wait->since_ns >= ExpressWait::kRecordFromNs) {
+    wait->record = recorder_.running(summarize);
+    wait->recorded = true;
+  }
+  return status;
+}
+
 template <typename What, typename Fill>
-void Comm::end_express(Status status, What&& what, bool recorded, uint64_t record,
-                       const Fill& summarize, Status* result) {
+void Comm::end_express(Status status, What&& what, const ExpressWait& wait, const Fill& summarize,
+                       Status* result) {
   if (!status.ok()) status.with_context(fmt::format("{} on {}", what(), describe()));
-  if (recorded) {
-    recorder_.finished(record, status);
+  if (wait.recorded) {
+    recorder_.finished(wait.record, status);
   } else {
     recorder_.completed(summarize, status);
   }

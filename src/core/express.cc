@@ -70,16 +70,13 @@ bool Comm::run_express(const CollCall& in, Status* result) {
   // enough to matter for a diagnosis (then the call shows as running while it waits).
   auto summarize = [&](OpSummary* what) { summarize_call(in, tag, what); };
   if (!box) return run_express_fibers(in, tag, result);
-  constexpr int64_t kRecordWaitsFromNs = 1000000;
-  bool recorded = false;
-  uint64_t record = 0;
 
   OpContext ctx(*this, tag);
   algo::BoxCollective run(ctx, in.kind, algo::args_for(in));
   Status status;
   BoxWait w;
   Idler idler;
-  int64_t last_progress_ns = 0;
+  ExpressWait wait;
   // A peer on its own core usually answers within a cache-line transfer or two: poll for that
   // long before the bounded wait (and its clock reads) begins. With more ranks than cores the
   // peer may need this core, and CHORUS_SPIN_US=0 asks for no spinning: straight to the wait.
@@ -93,25 +90,21 @@ bool Comm::run_express(const CollCall& in, Status* result) {
     for (int i = 0; i < quick_polls && !(arrived = ready()); ++i) cpu_relax();
     if (arrived) continue;
     // Wait for the word, bounded: spin, then sleep on the doorbell (the peer rings it).
-    last_progress_ns = now_coarse_ns();
+    wait.since_ns = now_coarse_ns();
     idler.reset();
     while (!ready()) {
       const int waited = run.waiting_peer();
-      const int64_t now = now_coarse_ns();
-      status = check_wait(
-          now, last_progress_ns, [&](std::vector<int>* peers) { peers->push_back(waited); },
+      status = express_stalled(
+          &wait, [&](std::vector<int>* peers) { peers->push_back(waited); },
           [&] { return describe_tag(tag); },
           [&] {
             return fmt::format("; waiting for {} to {} (0 of {} bytes done)",
                                peer(waited).describe(),
                                run.waiting_to_send() ? "take our data" : "send its data",
                                run.message_bytes());
-          });
+          },
+          summarize);
       if (!status.ok()) break;
-      if (!recorded && now - last_progress_ns >= kRecordWaitsFromNs) {
-        record = recorder_.running(summarize);
-        recorded = true;
-      }
       idler.idle([&] { return ready(); }, [](std::vector<pollfd>*) { return true; });
     }
     if (!status.ok()) break;
@@ -119,23 +112,19 @@ bool Comm::run_express(const CollCall& in, Status* result) {
   if (status.ok() && !run.status().ok()) status = run.status();
   if (status.ok()) algo::divide_average(in, nranks(), rank());
 
-  end_express(std::move(status), [&] { return describe_tag(tag); }, recorded, record, summarize,
-              result);
+  end_express(std::move(status), [&] { return describe_tag(tag); }, wait, summarize, result);
   return true;
 }
 
 bool Comm::run_express_fibers(const CollCall& in, const MsgTag& tag, Status* result) {
   auto summarize = [&](OpSummary* what) { summarize_call(in, tag, what); };
-  constexpr int64_t kRecordWaitsFromNs = 1000000;
-  bool recorded = false;
-  uint64_t record = 0;
   CollCall call = in;
   call.tag = tag;
   OpContext ctx(*this, tag);
   FiberSet fibers(algo::run_call(ctx, call));
   Status status;
   Idler idler;
-  int64_t last_progress_ns = 0;  // 0: progressing (the clock is read only once stalled)
+  ExpressWait wait;
   for (;;) {
     bool moved = progress_connections();
     moved |= fibers.step_all();
@@ -144,30 +133,23 @@ bool Comm::run_express_fibers(const CollCall& in, const MsgTag& tag, Status* res
       break;
     }
     if (moved) {
-      last_progress_ns = 0;
+      wait.since_ns = 0;
       idler.reset();
       continue;
     }
-    const int64_t now = now_coarse_ns();
-    if (last_progress_ns == 0) last_progress_ns = now;
-    status = check_wait(
-        now, last_progress_ns,
+    status = express_stalled(
+        &wait,
         [&](std::vector<int>* peers) {
           for (const Request* r : fibers.waiting_requests()) peers->push_back(r->peer);
         },
-        [&] { return describe_tag(tag); }, [&] { return waiting_summary(fibers); });
+        [&] { return describe_tag(tag); }, [&] { return waiting_summary(fibers); }, summarize);
     if (!status.ok()) break;
-    if (!recorded && now - last_progress_ns >= kRecordWaitsFromNs) {
-      record = recorder_.running(summarize);
-      recorded = true;
-    }
     idler.idle([&] { return progress_connections(); },
                [&](std::vector<pollfd>* fds) { return collect_poll_fds(fds); });
   }
 
   // Before the fibers' requests in this frame go.
-  end_express(std::move(status), [&] { return describe_tag(tag); }, recorded, record, summarize,
-              result);
+  end_express(std::move(status), [&] { return describe_tag(tag); }, wait, summarize, result);
   return true;
 }
 

@@ -119,37 +119,28 @@ bool Comm::run_p2p_express(std::span<const CollCall* const> calls, Status* resul
     }
     return text;
   };
-  constexpr int64_t kRecordWaitsFromNs = 1000000;  // as express.cc: long waits show as running
-  bool recorded = false;
-  uint64_t record = 0;
-  int64_t last_progress_ns = 0;  // 0: progressing (the clock is read only once stalled)
+  ExpressWait wait;
   Idler idler;
   while (first_pending() < n && status.ok()) {
     if (progress_connections()) {
-      last_progress_ns = 0;
+      wait.since_ns = 0;
       idler.reset();
       continue;
     }
-    const int64_t now = now_coarse_ns();
-    if (last_progress_ns == 0) last_progress_ns = now;
-    status = check_wait(
-        now, last_progress_ns,
+    status = express_stalled(
+        &wait,
         [&](std::vector<int>* peers) {
           for (size_t i = pending; i < n; ++i)
             if (!request(i).done()) peers->push_back(request(i).peer);
         },
-        describe_calls, waiting);
+        describe_calls, waiting, summarize);
     if (!status.ok()) break;
-    if (!recorded && now - last_progress_ns >= kRecordWaitsFromNs) {
-      record = recorder_.running(summarize);
-      recorded = true;
-    }
     idler.idle([&] { return progress_connections() || first_pending() == n; },
                [&](std::vector<pollfd>* fds) { return collect_poll_fds(fds); });
   }
 
   // Before the requests in this frame go.
-  end_express(std::move(status), describe_calls, recorded, record, summarize, result);
+  end_express(std::move(status), describe_calls, wait, summarize, result);
   return true;
 }
 
