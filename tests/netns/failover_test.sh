@@ -20,9 +20,7 @@ sendrecv=$4
 # shellcheck source=tests/netns/lib.sh
 . "$(dirname "$0")/lib.sh"
 netns_require
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-netns_write_rank_wrapper "$work"
+netns_rank_workdir
 cat > "$work/inner.sh" << 'INNER'
 set -euo pipefail
 work=$1 case=$2

@@ -1,4 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
+# shellcheck shell=bash
 # File: tests/netns/lib.sh
 # Shared by the test-bed tests that judge each rank on its own (sourced, not run).
 
@@ -11,12 +12,15 @@ netns_require() {
   fi
 }
 
-# Writes DIR/wrap.sh: `bash DIR/wrap.sh DIR TOOL ARGS...` runs one rank's tool with its output in
-# DIR/rank<R>.log, then writes "<exit status> <end time, ns>" to DIR/rank<R>.end and exits 0,
-# so that chorus-run does not stop the other rank when the first one fails: each rank's own
-# behaviour is what a test checks.
-netns_write_rank_wrapper() {
-  cat > "$1/wrap.sh" << 'RANK'
+# Sets $work to a fresh directory, removed on exit, holding wrap.sh: `bash $work/wrap.sh $work
+# TOOL ARGS...` runs one rank's tool with its output in $work/rank<R>.log, then writes "<exit
+# status> <end time, ns>" to $work/rank<R>.end and exits 0, so that chorus-run does not stop
+# the other rank when the first one fails: each rank's own behaviour is what a test checks.
+netns_rank_workdir() {
+  work=$(mktemp -d)
+  # shellcheck disable=SC2064  # expanded now: $work is this directory
+  trap "rm -rf '$work'" EXIT
+  cat > "$work/wrap.sh" << 'RANK'
 out=$1/rank$CHORUS_RANK
 shift
 rc=0

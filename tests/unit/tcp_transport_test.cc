@@ -444,6 +444,20 @@ struct Traffic {
     }
   }
 
+  // Every message arrived whole: nothing failed, each receive holds what was sent (or reduced).
+  void require_all_right() const {
+    for (const auto& m : msgs) {
+      REQUIRE_FALSE(m->s.failed());
+      REQUIRE_FALSE(m->r.failed());
+      REQUIRE(m->got == m->expected);
+    }
+  }
+  int failed() const {
+    int n = 0;
+    for (const auto& m : msgs) n += m->s.failed() + m->r.failed();
+    return n;
+  }
+
   bool run(Group& g, int cut_after, const std::function<void()>& cut, int cut_channel = 1) {
     for (int from = 0; from < 2; ++from) {
       for (int c = 0; c < channels; ++c) {
@@ -487,15 +501,11 @@ TEST_CASE("tcp: a failed channel's traffic continues on its sibling, in order an
   auto* c10 = static_cast<TcpConnection*>(g.get(1, 0, 1));
   CHECK(c01->abandoned());
   CHECK(c10->abandoned());
-  for (auto& m : t.msgs) {
-    REQUIRE_FALSE(m->s.failed());
-    REQUIRE_FALSE(m->r.failed());
-    REQUIRE(m->got == m->expected);
-  }
+  t.require_all_right();
   // The abandoned channel keeps working, through its sibling.
   Traffic more(8);
   REQUIRE(more.run(g, 0, nullptr));
-  for (auto& m : more.msgs) REQUIRE(m->got == m->expected);
+  more.require_all_right();
   CHECK(g.get(0, 1, 1)->error().ok());
 }
 
@@ -507,7 +517,7 @@ TEST_CASE("tcp: a failed channel is reconnected in the background and carries it
   short events = 0;
   const int fd = g.get(0, 1, 1)->poll_fd(&events);
   REQUIRE(t.run(g, 8, [&] { ::shutdown(fd, SHUT_WR); }));
-  for (auto& m : t.msgs) REQUIRE(m->got == m->expected);
+  t.require_all_right();
   auto* c01 = static_cast<TcpConnection*>(g.get(0, 1, 1));
   auto* c10 = static_cast<TcpConnection*>(g.get(1, 0, 1));
   // The menders reconnect within about a second; the switch back happens as traffic flows.
@@ -516,7 +526,7 @@ TEST_CASE("tcp: a failed channel is reconnected in the background and carries it
   while ((c01->abandoned() || c10->abandoned()) && !deadline.expired()) {
     Traffic more(static_cast<uint32_t>(100 + rounds++));
     REQUIRE(more.run(g, 0, nullptr));
-    for (auto& m : more.msgs) REQUIRE(m->got == m->expected);
+    more.require_all_right();
   }
   INFO("rounds of traffic while waiting: " << rounds);
   CHECK_FALSE(c01->abandoned());
@@ -525,11 +535,7 @@ TEST_CASE("tcp: a failed channel is reconnected in the background and carries it
   Traffic after(12);
   const int fd_new = c01->poll_fd(&events);
   REQUIRE(after.run(g, 8, [&] { ::shutdown(fd_new, SHUT_WR); }));
-  for (auto& m : after.msgs) {
-    REQUIRE_FALSE(m->s.failed());
-    REQUIRE_FALSE(m->r.failed());
-    REQUIRE(m->got == m->expected);
-  }
+  after.require_all_right();
 }
 
 TEST_CASE("tcp: with three channels, two may fail one after the other; the first carries both",
@@ -543,13 +549,8 @@ TEST_CASE("tcp: with three channels, two may fail one after the other; the first
   REQUIRE(t.run(g, 8, [&] { ::shutdown(fd1, SHUT_WR); }, 1));
   Traffic t2(14, 3);
   REQUIRE(t2.run(g, 8, [&] { ::shutdown(fd2, SHUT_WR); }, 2));
-  for (Traffic* tr : {&t, &t2}) {
-    for (auto& m : tr->msgs) {
-      REQUIRE_FALSE(m->s.failed());
-      REQUIRE_FALSE(m->r.failed());
-      REQUIRE(m->got == m->expected);
-    }
-  }
+  t.require_all_right();
+  t2.require_all_right();
   for (int r = 0; r < 2; ++r) {
     CHECK_FALSE(static_cast<TcpConnection*>(g.get(r, 1 - r, 0))->abandoned());
     CHECK(static_cast<TcpConnection*>(g.get(r, 1 - r, 1))->abandoned());
@@ -576,9 +577,7 @@ TEST_CASE("tcp: a second failure in a group fails every channel, naming the peer
   });
   // Everything ends (no hang), and what did not complete failed with the peer named.
   CHECK(ok);
-  int failed = 0;
-  for (auto& m : t.msgs) failed += m->s.failed() + m->r.failed();
-  CHECK(failed > 0);
+  CHECK(t.failed() > 0);
   Status st = g.get(1, 0, 0)->error();
   CHECK(st.code() == Code::kRemoteError);
   CHECK_THAT(st.message(), Catch::Contains("rank 0 ("));
@@ -590,9 +589,7 @@ TEST_CASE("tcp: without a group, a failed channel fails its requests", "[unit][t
   short events = 0;
   const int fd = g.get(0, 1, 1)->poll_fd(&events);
   REQUIRE(t.run(g, 8, [&] { ::shutdown(fd, SHUT_WR); }));
-  int failed = 0;
-  for (auto& m : t.msgs) failed += m->s.failed() + m->r.failed();
-  CHECK(failed > 0);
+  CHECK(t.failed() > 0);
   CHECK_FALSE(g.get(0, 1, 1)->error().ok());
 }
 
