@@ -5,9 +5,11 @@
 #include <ifaddrs.h>
 #include <net/if.h>
 #include <netinet/in.h>
+#include <sys/ioctl.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <cstring>
 
 #include "net/socket.h"
 #include "common/params.h"
@@ -97,6 +99,31 @@ Result<std::vector<Interface>> list_interfaces(bool include_bridges) {
     return preference(a) < preference(b);
   });
   return out;
+}
+
+std::string interface_holding(const SockAddr& addr) {
+  ifaddrs* head = nullptr;
+  if (getifaddrs(&head) != 0) return {};
+  std::string name;
+  const std::string ip = addr.ip_string();
+  for (ifaddrs* it = head; it != nullptr && name.empty(); it = it->ifa_next) {
+    if (it->ifa_addr == nullptr) continue;
+    const int family = it->ifa_addr->sa_family;
+    if (family != AF_INET && family != AF_INET6) continue;
+    socklen_t len = family == AF_INET ? sizeof(sockaddr_in) : sizeof(sockaddr_in6);
+    auto a = SockAddr::from_sockaddr(it->ifa_addr, len);
+    if (a.ok() && a->ip_string() == ip) name = it->ifa_name;
+  }
+  freeifaddrs(head);
+  return name;
+}
+
+bool interface_down(int fd, const std::string& name) {
+  ifreq req{};
+  if (name.empty() || name.size() >= sizeof(req.ifr_name)) return false;
+  std::memcpy(req.ifr_name, name.data(), name.size());
+  if (ioctl(fd, SIOCGIFFLAGS, &req) != 0) return false;
+  return (req.ifr_flags & IFF_UP) == 0 || (req.ifr_flags & IFF_RUNNING) == 0;
 }
 
 Result<Interface> pick_interface() {

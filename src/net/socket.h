@@ -57,6 +57,14 @@ struct Interface {
 // then loopback. Names starting with "docker" or "virbr" are skipped unless `include_bridges`.
 Result<std::vector<Interface>> list_interfaces(bool include_bridges = false);
 
+// The name of the interface that holds local address `addr` (the port is ignored), or "" when
+// none does (it went away meanwhile).
+std::string interface_holding(const SockAddr& addr);
+// Whether interface `name` is down now (administratively, or without carrier: a pulled cable),
+// asked through any socket `fd`. False when the kernel cannot say (the name is gone: unknown is
+// not down).
+bool interface_down(int fd, const std::string& name);
+
 // NCCL_SOCKET_IFNAME syntax: comma-separated name prefixes ("eth,ib"); a leading '^' excludes
 // the listed names instead; a leading '=' (after any '^') compares whole names. An empty spec
 // matches every name.

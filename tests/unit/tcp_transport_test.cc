@@ -538,6 +538,71 @@ TEST_CASE("tcp: a failed channel is reconnected in the background and carries it
   after.require_all_right();
 }
 
+TEST_CASE("tcp: a channel that was reading ahead as a carrier can fail over itself",
+          "[unit][tcp]") {
+  Group g = make_group(2, 2, 4099);
+  join_groups(g);
+  Connection* c01 = g.get(0, 1, 0);
+  auto* c10 = static_cast<TcpConnection*>(g.get(1, 0, 0));
+  auto progress_all = [&] {
+    for (int r = 0; r < 2; ++r)
+      for (int c = 0; c < 2; ++c) g.get(r, 1 - r, c)->progress();
+  };
+  // Rank 0 sends 8 messages on channel 0; rank 1 takes the first, and its channel reads the
+  // other 7 ahead (as when channel 1 looked stalled) while nobody has asked for them.
+  constexpr int kCount = 8;
+  constexpr size_t kBytes = 48 << 10;
+  std::vector<std::vector<uint8_t>> sent, got(kCount, std::vector<uint8_t>(kBytes));
+  std::vector<SendRequest> sends(kCount);
+  std::vector<RecvRequest> recvs(kCount);
+  for (int i = 0; i < kCount; ++i) {
+    sent.push_back(pattern(kBytes, static_cast<uint8_t>(i * 29 + 1)));
+    const MsgTag tag = tag_of(CollKind::kSendRecv, static_cast<uint32_t>(i + 1), kBytes);
+    init(&sends[i], sent[i].data(), kBytes, tag);
+    init(&recvs[i], got[i].data(), kBytes, tag);
+    c01->post_send(&sends[i]);
+  }
+  c10->post_recv(&recvs[0]);
+  Deadline deadline = Deadline::after_ms(20000);
+  auto run_until = [&](const std::function<bool()>& done) {
+    while (!done() && !deadline.expired()) progress_all();
+    return done();
+  };
+  REQUIRE(run_until([&] {
+    for (auto& s : sends)
+      if (!s.done()) return false;
+    return recvs[0].done();
+  }));
+  c10->read_ahead();
+  // Then rank 1's channel 0 fails on its own side (its writes): what it read ahead and has not
+  // passed on yet must still reach its reader, in order, before what comes through channel 1.
+  std::vector<uint8_t> back = pattern(kBytes, 77), back_got(kBytes);
+  SendRequest bs;
+  RecvRequest br;
+  const MsgTag back_tag = tag_of(CollKind::kSendRecv, 100, kBytes);
+  init(&bs, back.data(), kBytes, back_tag);
+  init(&br, back_got.data(), kBytes, back_tag);
+  short events = 0;
+  ::shutdown(c10->poll_fd(&events), SHUT_WR);
+  c10->post_send(&bs);
+  c01->post_recv(&br);
+  REQUIRE(run_until([&] { return c10->abandoned(); }));
+  for (int i = 1; i < kCount; ++i) c10->post_recv(&recvs[i]);
+  REQUIRE(run_until([&] {
+    for (auto& r : recvs)
+      if (!r.done()) return false;
+    return bs.done() && br.done();
+  }));
+  CHECK(c10->abandoned());
+  for (int i = 0; i < kCount; ++i) {
+    REQUIRE_FALSE(recvs[i].failed());
+    REQUIRE(got[i] == sent[i]);
+  }
+  REQUIRE_FALSE(bs.failed());
+  REQUIRE_FALSE(br.failed());
+  CHECK(back_got == back);
+}
+
 TEST_CASE("tcp: with three channels, two may fail one after the other; the first carries both",
           "[unit][tcp]") {
   Group g = make_group(2, 3, 4099);

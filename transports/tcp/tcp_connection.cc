@@ -501,9 +501,28 @@ bool TcpConnection::check_alive() {
     TcpConnection* c = carrier();
     return c != nullptr && c->check_alive() && !broken_;
   }
+  // A path whose interface went down (a pulled cable, a dead switch port, an interface taken
+  // down) fails over now, not after CHORUS_PEER_TIMEOUT_MS without acknowledgements. The peer
+  // hears of it at once (the Abandon frame on the carrier). Without a path to fail over to, the
+  // timeout below still decides: the link may come back before it.
+  if (can_fail_over() && net::interface_down(fd_.get(), local_ifname_)) {
+    path_failed(remote_error("tcp channel {} from rank {} to rank {} ({}) lost its interface {} "
+                             "(down, or no carrier)",
+                             channel(), my_rank_, peer(), peer_addr_, local_ifname_));
+    return !broken_;
+  }
   tcp_info info{};
   socklen_t len = sizeof(info);
   if (getsockopt(fd_.get(), IPPROTO_TCP, TCP_INFO, &info, &len) != 0) return true;
+  // Nothing acknowledged for two liveness periods: perhaps the peer gave this path up (its
+  // interface went down). Its word, the Abandon frame, is on the carrier, maybe behind
+  // messages nobody has posted a receive for yet, so the carrier reads ahead (passing our
+  // own messages on in order) and takes the word as soon as it comes.
+  if (info.tcpi_unacked > 0 && info.tcpi_last_ack_recv >= 2 * params::kLivenessMs.get() &&
+      can_fail_over()) {
+    carrier()->read_ahead();
+    if (broken_ || abandoned()) return !broken_;
+  }
   const int64_t limit_ms = params::kPeerTimeoutMs.get();
   if (info.tcpi_unacked == 0 || info.tcpi_last_ack_recv < limit_ms) return true;
   path_failed(remote_error(

@@ -112,6 +112,10 @@ class TcpConnection final : public Connection {
   // this one keeps a copy of what it sent until the peer's kernel acknowledged it, so that a
   // failure of this path can be survived by resending over a sibling.
   void join_group(std::shared_ptr<TcpPeerGroup> group);
+  // Reads this grouped connection's socket ahead, as a carrier does: its own messages are
+  // queued for the reader in order, the failover frames about its siblings are acted on at once
+  // (check_alive calls it on the carrier when a sibling stops being acknowledged).
+  void read_ahead();
   // Abandoned after a failure: the traffic now goes (either way) through a sibling.
   bool abandoned() const { return tx_tunnel_ || rx_fed_; }
   bool failed_over() const override { return abandoned() && !broken_; }
@@ -172,6 +176,8 @@ class TcpConnection final : public Connection {
   bool flush_control();
   // Abandoned: the outgoing stream continues as tunnel frames on the carrier. Bytes accepted.
   size_t tunnel_out(const iovec* iov, size_t n_iov, size_t total);
+  // Finds the interface this connection's socket leaves by (local_ifname_).
+  void note_interface();
   // Takes the socket the mender offered; once the peer knows where to resume, the outgoing
   // stream moves onto it (a Switch frame on the carrier says from which byte).
   void adopt_socket();
@@ -192,6 +198,7 @@ class TcpConnection final : public Connection {
   net::SockAddr peer_sockaddr_;  // where the peer listens for this channel (when connects())
   std::string peer_addr_;
   std::string path_name_;  // "local address -> peer address"
+  std::string local_ifname_;  // a grouped connection's local interface (note_interface)
   size_t bounce_bytes_;
   bool broken_ = false;
   bool farewell_sent_ = false;

@@ -121,7 +121,18 @@ void TcpConnection::release_acked() {
 
 // ---- Failing over -----------------------------------------------------------------------------
 
-void TcpConnection::join_group(std::shared_ptr<TcpPeerGroup> group) { group_ = std::move(group); }
+void TcpConnection::join_group(std::shared_ptr<TcpPeerGroup> group) {
+  group_ = std::move(group);
+  note_interface();
+}
+
+void TcpConnection::note_interface() {
+  net::SockAddr local;
+  local.len = sizeof(local.storage);
+  local_ifname_ = getsockname(fd_.get(), local.mutable_sa(), &local.len) == 0
+                      ? net::interface_holding(local)
+                      : std::string();
+}
 
 TcpConnection* TcpConnection::carrier() const {
   if (group_ == nullptr) return nullptr;
@@ -159,6 +170,24 @@ void TcpConnection::abandon(Status why) {
   TcpConnection* c = carrier();
   CHORUS_WARN(kNet, "{}; tcp channel {} to rank {} is given up, its traffic continues on tcp "
               "channel {} ({})", why.message(), channel(), peer(), c->channel(), c->path_name_);
+  if (demux_) {
+    // It was reading ahead as a carrier (another path looked stalled): what the pump passed on
+    // and the reader has not taken yet comes first, then the header it was reading. A control
+    // frame about another path, cut off here, cannot be finished.
+    if (pump_in_frame_ && is_failover_frame(pump_hdr_.magic)) {
+      fail_group(remote_error("{}, in the middle of a failover frame about tcp channel {}: the "
+                              "traffic to rank {} cannot be resumed", why.message(),
+                              pump_hdr_.reserved, peer()));
+      return;
+    }
+    feed_.append(own_q_.data(), own_q_.size());
+    own_q_.clear();
+    if (!pump_in_frame_) feed_.append(&pump_hdr_, pump_hdr_got_);
+    demux_ = pump_in_frame_ = false;
+    pump_hdr_got_ = 0;
+    pump_left_ = 0;
+    pump_err_ = -1;
+  }
   tx_tunnel_ = rx_fed_ = true;
   rx_switch_ = resending_ = false;
   group_->failed_over = true;
@@ -224,6 +253,7 @@ void TcpConnection::adopt_socket() {
   local.len = sizeof(local.storage);
   if (getsockname(fd_.get(), local.mutable_sa(), &local.len) == 0)
     path_name_ = fmt::format("{} -> {}", local.to_string(), net::peer_name(fd_.get()));
+  note_interface();
   rx_buf_pos_ = rx_buf_len_ = 0;
   rx_drained_ = false;
   CHORUS_INFO(kNet, "tcp: rank {} has a new socket for channel {} to rank {}", my_rank_,
@@ -337,6 +367,12 @@ bool TcpConnection::flush_control() {
 }
 
 // ---- A carrier's reading ----------------------------------------------------------------------
+
+void TcpConnection::read_ahead() {
+  if (demux_ || group_ == nullptr || broken_) return;
+  start_demux();
+  pump();
+}
 
 void TcpConnection::start_demux() {
   if (demux_) return;
