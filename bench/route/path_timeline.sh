@@ -11,13 +11,15 @@
 #   3. rail 1 back to RATE;
 #   4. iperf3 on rail 1 of host 0 (both directions, full speed): Chorus's share follows what
 #      is left (the capacity is not known: no target);
-#   5. rail 1 of host 1 down (PHASE + 2 s): each rank gives the path up after
-#      CHORUS_PEER_TIMEOUT_MS (2 s here) and its traffic continues on rail 0 (TCP failover,
+#   5. rail 1 of host 1 down (PHASE + 2 s): host 1's rank sees its interface down and gives
+#      the path up, host 0's follows its word (CHORUS_PEER_TIMEOUT_MS, 2 s here, is the bound
+#      when nothing tells them), and the path's traffic continues on rail 0 (TCP failover,
 #      transports/tcp/README.md); the run goes on, its data checked at the end;
 #   6. rail 1 up again (PHASE + 1 s): the ranks reconnect the path in the background (an
 #      attempt a second) and route over it again;
 # then prints each phase's settled throughput against the links' capacity, the time from each
-# change to the first 100 ms at >= 90 % of the new capacity, and plots it
+# change to the first 100 ms at >= 90 % of the new capacity, the longest pause in each phase
+# (nothing received between samples), and plots it
 # (bench/route/plot_timeline.py, PNG; python3-matplotlib).
 #
 #   path_timeline.sh [-B BUILD_DIR] [-b SIZE] [--phase S] [--rate RATE] [--slow SLOW]

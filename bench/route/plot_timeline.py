@@ -2,7 +2,8 @@
 # SPDX-License-Identifier: Apache-2.0
 # File: bench/route/plot_timeline.py
 # Reads path_timeline's CSV and the events of path_timeline.sh, prints each phase's throughput
-# against the capacity of the links in it and the reaction time after each change, and plots
+# against the capacity of the links in it, the reaction time after each change and the longest
+# pause (nothing received by rank 0 between two samples, or longer) in each phase, and plots
 # each path's throughput over time (PNG) with the events marked.
 #
 #   plot_timeline.py SAMPLES.csv EVENTS.txt OUT.png [--bin-ms 50]
@@ -65,6 +66,27 @@ def main():
     total = [sum(per_path[p][k] for p in paths) for k in range(nbins)]
     times = [(k + 0.5) * bin_s for k in range(nbins)]
 
+    # Rank 0's total received bytes at each sampling round (every path sampled at once).
+    rounds = defaultdict(int)
+    for p in paths:
+        for t, recv, _ in series[p]:
+            rounds[t - t0] += recv
+    round_times = sorted(rounds)
+
+    def longest_pause(a, b):
+        """The longest stretch within [a, b) in which nothing arrived (sampling resolution)."""
+        longest, since, last = 0.0, None, None
+        for t in round_times:
+            if t < a or t >= b:
+                continue
+            if last is not None and rounds[t] == last:
+                since = t_prev if since is None else since
+                longest = max(longest, t - since)
+            else:
+                since = None
+            last, t_prev = rounds[t], t
+        return longest
+
     def mean_between(values, a, b):
         sel = [v for t, v in zip(times, values) if a <= t < b]
         return sum(sel) / len(sel) if sel else 0.0
@@ -92,6 +114,8 @@ def main():
             if i > 0:
                 line += (f"; >= 90% over 100 ms reached {react * 1e3:.0f} ms after the change"
                          if react is not None else "; never >= 90% over 100 ms")
+        if i > 0:
+            line += f"; longest pause {longest_pause(start, end) * 1e3:.0f} ms"
         print(line + f"   [{shares}]")
 
     try:
