@@ -628,6 +628,41 @@ TEST_CASE("tcp: with three channels, two may fail one after the other; the first
   CHECK(g.get(1, 0, 0)->error().code() == Code::kRemoteError);
 }
 
+// The carrier of a failed path fails too: its own stream, with the first path's frames in it,
+// goes on through the third channel, and the receiving side unpacks both. Cut from rank 0's
+// side first, then from rank 1's, mid-stream both times.
+TEST_CASE("tcp: with three channels, a carrier that fails hands what it carries to the third",
+          "[unit][tcp]") {
+  Group g = make_group(2, 3, 4099);
+  join_groups(g, false, 3);
+  short events = 0;
+  Traffic t(21, 3);
+  const int fd1 = g.get(0, 1, 1)->poll_fd(&events);
+  REQUIRE(t.run(g, 8, [&] { ::shutdown(fd1, SHUT_WR); }, 1));
+  t.require_all_right();
+  // Channel 1 goes through channel 0 now; channel 0 breaks while both carry traffic.
+  Traffic t2(22, 3);
+  const int fd0 = g.get(1, 0, 0)->poll_fd(&events);
+  REQUIRE(t2.run(g, 4, [&] { ::shutdown(fd0, SHUT_WR); }, 0));
+  t2.require_all_right();
+  for (int r = 0; r < 2; ++r) {
+    INFO("rank " << r);
+    CHECK(static_cast<TcpConnection*>(g.get(r, 1 - r, 0))->abandoned());
+    CHECK(static_cast<TcpConnection*>(g.get(r, 1 - r, 1))->abandoned());
+    CHECK_FALSE(static_cast<TcpConnection*>(g.get(r, 1 - r, 2))->abandoned());
+    for (int c = 0; c < 3; ++c) CHECK(g.get(r, 1 - r, c)->error().ok());
+  }
+  // Everything keeps working on the one channel left; its failure is the end.
+  Traffic t3(23, 3);
+  REQUIRE(t3.run(g, 0, nullptr));
+  t3.require_all_right();
+  const int fd2 = g.get(0, 1, 2)->poll_fd(&events);
+  Traffic t4(24, 3);
+  REQUIRE(t4.run(g, 4, [&] { ::shutdown(fd2, SHUT_WR); }, 2));
+  CHECK(t4.failed() > 0);
+  CHECK(g.get(1, 0, 2)->error().code() == Code::kRemoteError);
+}
+
 TEST_CASE("tcp: a second failure in a group fails every channel, naming the peer",
           "[unit][tcp]") {
   Group g = make_group(2, 2, 4099);

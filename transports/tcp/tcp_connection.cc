@@ -28,6 +28,8 @@ namespace {
 
 constexpr size_t kHeaderBytes = sizeof(WireHeader);
 constexpr size_t kMinBounceBytes = 64;
+// A receive waiting this long with nothing arriving makes the carrier read ahead (check_alive).
+constexpr int64_t kQuietReceiveMs = 1000;
 
 // One non-blocking recv(): bytes read (> 0), 0 when it would block, or -1 with *err set
 // (0 for an orderly EOF).
@@ -105,7 +107,7 @@ int TcpConnection::poll_fd(short* events) const {
   if (broken_) return -1;
   if (abandoned()) {
     // Everything of this path travels on the carrier now.
-    const TcpConnection* c = carrier();
+    const TcpConnection* c = live_via();
     if (c == nullptr) return -1;
     *events = static_cast<short>(POLLIN | POLLRDHUP | (c->ctl_q_.empty() ? 0 : POLLOUT));
     return c->fd_.get();
@@ -124,11 +126,11 @@ bool TcpConnection::progress() {
   bool moved = false;
   if (tx_tunnel_ && resending_ && fd_.valid()) switch_tx();
   if (abandoned()) {
-    TcpConnection* c = carrier();
-    if (c != nullptr) {
-      moved |= c->pump();
+    moved |= pump_group();
+    // Down the chain of carriers: each one's control queue into the next one's.
+    for (TcpConnection* c = via(); c != nullptr && c != this; c = c->abandoned() ? c->via() : nullptr)
       moved |= c->flush_control();
-    }
+    if (demux_) moved |= pump();
   } else if (demux_) {
     moved |= pump();
   }
@@ -219,30 +221,19 @@ bool TcpConnection::peer_alive() {
 
 ssize_t TcpConnection::take(void* dst, size_t want, int* err) {
   if (demux_ && own_q_.empty()) leave_demux();
-  if (rx_fed_ && feed_.empty() && rx_switch_ && fd_.valid()) {
-    // The peer's stream moved back onto this path's new socket, from the byte reached here.
-    if (rx_total_ != rx_switch_at_) {
-      fail_group(remote_error("rank {} ({}) resumed tcp channel {} at byte {} but rank {} "
-                              "had read {} of it", peer(), peer_addr_, channel(), rx_switch_at_,
-                              my_rank_, rx_total_));
-      *err = EPROTO;
-      return -1;
-    }
-    rx_fed_ = rx_switch_ = false;
-    maybe_recovered();
-  }
-  if (rx_fed_ || demux_) {
-    // The rest of an abandoned path's stream arrives over its carrier; a carrier's own stream
-    // was read ahead by its pump.
-    ByteQueue& q = rx_fed_ ? feed_ : own_q_;
-    TcpConnection* c = rx_fed_ ? carrier() : this;
-    if (q.empty() && c != nullptr) c->pump();
-    if (!q.empty()) return static_cast<ssize_t>(q.take(dst, want));
-    if (c == nullptr || c->pump_err_ < 0) return 0;
-    *err = c->pump_err_;
+  if (demux_) {
+    // A carrier's own stream, read ahead by its pump (from its socket, or once it failed over
+    // itself, from what its own carrier passes on).
+    if (own_q_.empty()) pump();
+    if (own_q_.empty() && rx_fed_) pump_group();
+    if (!own_q_.empty()) return static_cast<ssize_t>(own_q_.take(dst, want));
+    if (pump_err_ < 0) return 0;
+    *err = pump_err_;
     return -1;
   }
-  return raw_take(dst, want, err);
+  // The rest of an abandoned path's stream arrives over the carriers.
+  if (rx_fed_ && feed_.empty() && !(rx_switch_ && fd_.valid())) pump_group();
+  return stream_take(dst, want, err);
 }
 
 ssize_t TcpConnection::raw_take(void* dst, size_t want, int* err) {
@@ -423,6 +414,7 @@ Status TcpConnection::io_error(int err, const Request* req, const char* doing) c
 }
 
 void TcpConnection::farewell(const Status& why) {
+  if (!why.ok()) closing_on_error_ = true;
   // Only between messages (a partly sent one would swallow it), and only once.
   if (broken_ || farewell_sent_ || send_off_ != 0 || !ctl_q_.empty() || abandoned() || why.ok())
     return;
@@ -475,7 +467,7 @@ void TcpConnection::fail_all(Status status) {
 bool TcpConnection::path_state(PathState* out) const {
   if (tx_tunnel_) {
     // Its traffic shares the carrier's: a path to avoid, except for a probe now and then.
-    const TcpConnection* c = carrier();
+    const TcpConnection* c = via();
     out->unacked_bytes = c != nullptr ? c->ctl_q_.size() : 0;
     out->delivery_rate = 1e-6;
     out->rtt_ns = 0;
@@ -498,7 +490,7 @@ bool TcpConnection::path_state(PathState* out) const {
 bool TcpConnection::check_alive() {
   if (broken_) return false;
   if (abandoned()) {
-    TcpConnection* c = carrier();
+    TcpConnection* c = live_via();
     return c != nullptr && c->check_alive() && !broken_;
   }
   // A path whose interface went down (a pulled cable, a dead switch port, an interface taken
@@ -514,12 +506,16 @@ bool TcpConnection::check_alive() {
   tcp_info info{};
   socklen_t len = sizeof(info);
   if (getsockopt(fd_.get(), IPPROTO_TCP, TCP_INFO, &info, &len) != 0) return true;
-  // Nothing acknowledged for two liveness periods: perhaps the peer gave this path up (its
-  // interface went down). Its word, the Abandon frame, is on the carrier, maybe behind
-  // messages nobody has posted a receive for yet, so the carrier reads ahead (passing our
-  // own messages on in order) and takes the word as soon as it comes.
-  if (info.tcpi_unacked > 0 && info.tcpi_last_ack_recv >= 2 * params::kLivenessMs.get() &&
-      can_fail_over()) {
+  // Nothing acknowledged for two liveness periods, or nothing received for a second while a
+  // receive waits here: perhaps the peer gave this path up (its interface went down). Its
+  // word, the Abandon frame, is on the carrier, maybe behind messages nobody has posted a
+  // receive for yet, so the carrier reads ahead (passing our own messages on in order) and
+  // takes the word as soon as it comes.
+  const int64_t quiet_out_ms = 2 * params::kLivenessMs.get();
+  const int64_t quiet_in_ms = std::max<int64_t>(quiet_out_ms, kQuietReceiveMs);
+  const bool stalled = (info.tcpi_unacked > 0 && info.tcpi_last_ack_recv >= quiet_out_ms) ||
+                       ((!recvs_.empty() || peeking_) && info.tcpi_last_data_recv >= quiet_in_ms);
+  if (stalled && can_fail_over()) {
     carrier()->read_ahead();
     if (broken_ || abandoned()) return !broken_;
   }

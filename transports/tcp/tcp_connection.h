@@ -74,7 +74,7 @@ struct TcpPeerGroup {
   ~TcpPeerGroup();
   std::mutex mutex;  // guards `members` against a connection's destruction (for the mender)
   std::vector<TcpConnection*> members;
-  bool failed_over = false;  // a member is abandoned: a second failure fails them all
+  bool failed_over = false;  // a member is abandoned (carriers read ahead until none is)
   std::shared_ptr<TcpMender> mender;  // reconnects abandoned members; may be null
 };
 
@@ -163,7 +163,19 @@ class TcpConnection final : public Connection {
   // Drops the kept copy of what the peer's kernel acknowledged (SIOCOUTQ).
   void release_acked();
   bool can_fail_over() const;
+  // The lowest channel of the group still working on its own socket (not this one), or null:
+  // where a path that fails now sends its traffic.
   TcpConnection* carrier() const;
+  // An abandoned path's carrier, chosen when it failed (via_), even if that one failed since:
+  // its stream, with this path's frames in it, continues through its own carrier.
+  TcpConnection* via() const;
+  // The connection at the end of the chain of carriers that works on its own socket (this one
+  // when it is not abandoned), or null.
+  TcpConnection* live_via() const;
+  // Reads ahead every member that reads its own socket through the pump; frames for fed
+  // members are passed on at once (nested). Then a member whose socket failed under its pump
+  // is failed over (or fails the group).
+  bool pump_group();
   // This path failed: reads what its socket still holds, tells the peer (over the carrier) how
   // far it read, and from then on sends and receives through the carrier.
   void abandon(Status why);
@@ -191,6 +203,13 @@ class TcpConnection final : public Connection {
   // pump stands between two frames with nothing of ours read ahead.
   void leave_demux();
   bool pump();
+  // When the first member of a group closes without an error (the communicator goes away):
+  // the control queues still hold tunnelled messages whose sends completed, so they go out
+  // first, for up to CHORUS_PEER_TIMEOUT_MS (5 s at most) while the peer reads.
+  void flush_group();
+  // The pump's source: the socket, or once abandoned what its carriers passed on (feed_),
+  // until the stream moves back onto a new socket. As raw_take.
+  ssize_t stream_take(void* dst, size_t want, int* err);
   void fail_group(const Status& status);
 
   UniqueFd fd_;
@@ -202,6 +221,7 @@ class TcpConnection final : public Connection {
   size_t bounce_bytes_;
   bool broken_ = false;
   bool farewell_sent_ = false;
+  bool closing_on_error_ = false;  // farewell() was called: no flush_group() when closing
 
   RequestQueue<SendRequest> sends_;
   size_t send_off_ = 0;  // bytes of the front send (header included) already sent
@@ -237,6 +257,8 @@ class TcpConnection final : public Connection {
   int pump_err_ = -1;        // the socket failed (errno, 0: EOF) once own_q_ is empty
   bool tx_tunnel_ = false;   // outgoing bytes go as tunnel frames on the carrier
   bool rx_fed_ = false;      // incoming bytes come from feed_ (drained, then tunnelled)
+  int via_ = -1;             // abandoned: the channel its outgoing stream is tunnelled on
+  bool pumping_ = false;     // inside pump(): a nested pass leaves it alone
   bool resending_ = false;   // abandoned, and the peer said where to resume
   ByteQueue feed_;           // rx_fed_: the rest of the incoming stream
   bool rx_switch_ = false;   // rx_fed_: the peer moved its stream onto the new socket ...

@@ -11,9 +11,12 @@
 // on that path afterwards. The path's requests never see the failure: its reader carries on in
 // the same message, at the same byte, whether that byte came over the socket or a tunnel.
 // A carrier reads its socket ahead of its own receives (into own_q_) so that frames behind a
-// message nobody has asked for yet still get through. One failure per group is survived; a
-// second one fails every connection of the group, naming the peer.
+// message nobody has asked for yet still get through. A path keeps the carrier it failed over
+// to (via_); when that carrier fails too, its own stream (the frames of the paths it carries
+// in it) goes on through the next one, and the receiving side keeps demultiplexing it there.
+// Only when no path of the group works on its own socket does the group fail, naming the peer.
 #include <linux/sockios.h>
+#include <poll.h>
 #include <sys/ioctl.h>
 #include <sys/socket.h>
 
@@ -21,6 +24,7 @@
 #include <cerrno>
 #include <cstring>
 
+#include "common/clock.h"
 #include "common/log.h"
 #include "common/params.h"
 #include "net/socket.h"
@@ -37,6 +41,7 @@ constexpr size_t kKeepSlackBytes = 1 << 20;      // kept bytes before asking wha
 constexpr size_t kTunnelFrameBytes = 256 << 10;  // payload of one tunnel frame at most
 constexpr size_t kTunnelBacklogBytes = 4 << 20;  // control bytes queued on a carrier at most
 constexpr size_t kMaxReadAheadBytes = size_t{1} << 30;  // a carrier's own_q_ at most
+constexpr int64_t kCloseFlushMs = 5000;  // flush_group's wait at most
 
 
 // Copies `n` bytes gathered from iov into dst.
@@ -142,12 +147,28 @@ TcpConnection* TcpConnection::carrier() const {
   return nullptr;
 }
 
+TcpConnection* TcpConnection::via() const {
+  if (group_ == nullptr || via_ < 0 || static_cast<size_t>(via_) >= group_->members.size())
+    return nullptr;
+  TcpConnection* c = group_->members[static_cast<size_t>(via_)];
+  return c != nullptr && !c->broken_ ? c : nullptr;
+}
+
+TcpConnection* TcpConnection::live_via() const {
+  const TcpConnection* c = this;
+  // Each hop's carrier was working when the hop failed: the chain has no cycle, and at most
+  // one hop per member.
+  for (size_t hops = 0; c != nullptr && c->abandoned(); ++hops) {
+    if (group_ == nullptr || hops > group_->members.size()) return nullptr;
+    c = c->via();
+  }
+  return c != nullptr && !c->broken_ ? const_cast<TcpConnection*>(c) : nullptr;
+}
+
 bool TcpConnection::can_fail_over() const {
   if (group_ == nullptr || abandoned() || broken_) return false;
-  const TcpConnection* c = carrier();
-  // With others abandoned already, this one may follow them unless it is their carrier (the
-  // lowest channel still working): what they tunnel through it would be lost.
-  return c != nullptr && (!group_->failed_over || c->channel() < channel());
+  // Paths that failed over to this one go on through its own carrier.
+  return carrier() != nullptr;
 }
 
 void TcpConnection::path_failed(Status status) {
@@ -170,24 +191,10 @@ void TcpConnection::abandon(Status why) {
   TcpConnection* c = carrier();
   CHORUS_WARN(kNet, "{}; tcp channel {} to rank {} is given up, its traffic continues on tcp "
               "channel {} ({})", why.message(), channel(), peer(), c->channel(), c->path_name_);
-  if (demux_) {
-    // It was reading ahead as a carrier (another path looked stalled): what the pump passed on
-    // and the reader has not taken yet comes first, then the header it was reading. A control
-    // frame about another path, cut off here, cannot be finished.
-    if (pump_in_frame_ && is_failover_frame(pump_hdr_.magic)) {
-      fail_group(remote_error("{}, in the middle of a failover frame about tcp channel {}: the "
-                              "traffic to rank {} cannot be resumed", why.message(),
-                              pump_hdr_.reserved, peer()));
-      return;
-    }
-    feed_.append(own_q_.data(), own_q_.size());
-    own_q_.clear();
-    if (!pump_in_frame_) feed_.append(&pump_hdr_, pump_hdr_got_);
-    demux_ = pump_in_frame_ = false;
-    pump_hdr_got_ = 0;
-    pump_left_ = 0;
-    pump_err_ = -1;
-  }
+  // A carrier (or a path reading ahead as one) goes on demultiplexing its stream where it
+  // stopped, from what its own carrier passes on: the frames of the paths it carried are in it.
+  pump_err_ = -1;
+  via_ = c->channel();
   tx_tunnel_ = rx_fed_ = true;
   rx_switch_ = resending_ = false;
   group_->failed_over = true;
@@ -223,10 +230,34 @@ TcpPeerGroup::~TcpPeerGroup() {
 
 TcpConnection::~TcpConnection() {
   if (group_ != nullptr) {
+    if (!closing_on_error_) flush_group();
     std::lock_guard<std::mutex> lock(group_->mutex);
     for (TcpConnection*& m : group_->members) {
       if (m == this) m = nullptr;
     }
+  }
+}
+
+void TcpConnection::flush_group() {
+  const auto budget = std::min<int64_t>(params::kPeerTimeoutMs.get(), kCloseFlushMs);
+  Deadline deadline = Deadline::after_ms(budget);
+  std::vector<pollfd> fds;
+  for (;;) {
+    bool pending = false;
+    fds.clear();
+    for (TcpConnection* m : group_->members) {
+      if (m == nullptr || m->broken_) continue;
+      m->flush_control();
+      if (m->demux_ && !m->rx_fed_) m->pump();  // the peer's word that it resumes our paths
+      if (m->broken_) continue;
+      // A path the peer has not agreed to resume yet cannot send (it will not, if it is gone).
+      const bool can_send = !m->tx_tunnel_ || m->resending_;
+      if (!m->ctl_q_.empty() && can_send) pending = true;
+      if (m->fd_.valid() && !m->abandoned())
+        fds.push_back(pollfd{m->fd_.get(), static_cast<short>(POLLIN | POLLOUT), 0});
+    }
+    if (!pending || deadline.expired() || fds.empty()) return;
+    ::poll(fds.data(), fds.size(), 10);
   }
 }
 
@@ -262,8 +293,10 @@ void TcpConnection::adopt_socket() {
 
 void TcpConnection::switch_tx() {
   // Everything tunnelled so far is queued on the carrier ahead of this frame.
+  TcpConnection* c = via();
+  if (c == nullptr) return;
   const uint64_t at = tx_written_;
-  carrier()->push_control(kSwitchMagic, channel(), &at, sizeof(at));
+  c->push_control(kSwitchMagic, channel(), &at, sizeof(at));
   tx_tunnel_ = false;
   tx_keep_.clear();
   tx_keep_from_ = tx_written_;
@@ -304,7 +337,12 @@ void TcpConnection::on_peer_abandon(uint64_t consumed) {
   }
   tx_keep_.take(nullptr, consumed - tx_keep_from_);
   tx_keep_from_ = consumed;
-  TcpConnection* c = carrier();
+  TcpConnection* c = via();
+  if (c == nullptr) {
+    fail_group(remote_error("rank {} ({}) gave up tcp channel {}, and rank {} has no channel left "
+                            "to resume it on", peer(), peer_addr_, channel(), my_rank_));
+    return;
+  }
   // The bytes the peer never read, again, then (tunnel_out) everything written afterwards.
   while (!tx_keep_.empty()) {
     const size_t n = std::min(tx_keep_.size(), kTunnelFrameBytes);
@@ -319,7 +357,7 @@ void TcpConnection::on_peer_abandon(uint64_t consumed) {
 }
 
 size_t TcpConnection::tunnel_out(const iovec* iov, size_t n_iov, size_t total) {
-  TcpConnection* c = carrier();
+  TcpConnection* c = via();
   if (!resending_ || c == nullptr) return 0;
   if (c->ctl_q_.size() >= kTunnelBacklogBytes) {
     c->flush_control();
@@ -400,13 +438,47 @@ void TcpConnection::leave_demux() {
   demux_ = false;  // what the pump read past its last frame is in rx_buf_, read next
 }
 
+ssize_t TcpConnection::stream_take(void* dst, size_t want, int* err) {
+  if (!rx_fed_) return raw_take(dst, want, err);
+  if (!feed_.empty()) return static_cast<ssize_t>(feed_.take(dst, want));
+  if (!rx_switch_ || !fd_.valid()) return 0;
+  // The peer's stream moved back onto this path's new socket, from the byte reached here.
+  if (rx_total_ != rx_switch_at_) {
+    fail_group(remote_error("rank {} ({}) resumed tcp channel {} at byte {} but rank {} had "
+                            "read {} of it", peer(), peer_addr_, channel(), rx_switch_at_,
+                            my_rank_, rx_total_));
+    *err = EPROTO;
+    return -1;
+  }
+  rx_fed_ = rx_switch_ = false;
+  maybe_recovered();
+  return raw_take(dst, want, err);
+}
+
+bool TcpConnection::pump_group() {
+  if (group_ == nullptr) return false;
+  bool moved = false;
+  for (TcpConnection* m : group_->members) {
+    if (m != nullptr && m->demux_ && !m->rx_fed_ && !m->broken_) moved |= m->pump();
+  }
+  for (TcpConnection* m : group_->members) {
+    if (m != nullptr && m->demux_ && !m->rx_fed_ && !m->broken_ && m->pump_err_ >= 0) {
+      m->path_failed(m->io_error(m->pump_err_, nullptr, "receiving"));
+      moved = true;
+    }
+  }
+  return moved;
+}
+
 bool TcpConnection::pump() {
+  if (pumping_) return false;
+  pumping_ = true;
   bool moved = false;
   while (demux_ && pump_err_ < 0 && !broken_ && own_q_.size() < kMaxReadAheadBytes) {
     int err = 0;
     if (!pump_in_frame_) {
       if (pump_hdr_got_ < kHeaderBytes) {
-        ssize_t n = raw_take(reinterpret_cast<uint8_t*>(&pump_hdr_) + pump_hdr_got_,
+        ssize_t n = stream_take(reinterpret_cast<uint8_t*>(&pump_hdr_) + pump_hdr_got_,
                              kHeaderBytes - pump_hdr_got_, &err);
         if (n == 0) break;
         if (n < 0) {
@@ -433,6 +505,7 @@ bool TcpConnection::pump() {
           fail_group(remote_error("rank {} ({}) sent a failover frame ({:#010x}) about tcp "
                                   "channel {} that rank {} cannot take ({} bytes)", peer(),
                                   peer_addr_, pump_hdr_.magic, about, my_rank_, pump_left_));
+          pumping_ = false;
           return true;
         }
       } else {
@@ -451,13 +524,18 @@ bool TcpConnection::pump() {
       TcpConnection* m = is_failover_frame(pump_hdr_.magic) ? group_->members[pump_hdr_.reserved] : this;
       ssize_t n;
       if (pump_hdr_.magic != kTunnelMagic && m != this) {
-        n = raw_take(pump_ctl_ + pump_ctl_got_, want, &err);
+        n = stream_take(pump_ctl_ + pump_ctl_got_, want, &err);
         if (n > 0) pump_ctl_got_ += static_cast<size_t>(n);
       } else {
         ByteQueue& q = m == this ? own_q_ : m->feed_;
-        n = raw_take(q.tail(want), want, &err);
+        n = stream_take(q.tail(want), want, &err);
         if (n > 0) q.commit(static_cast<size_t>(n));
-        if (n > 0 && m != this) m->rx_total_ += static_cast<uint64_t>(n);  // its stream goes on
+        if (n > 0 && m != this) {
+          m->rx_total_ += static_cast<uint64_t>(n);  // its stream goes on
+          // A carrier that failed over itself: the frames in its stream go on at once, ahead
+          // of anything about them that comes later on this one.
+          if (m->demux_) m->pump();
+        }
       }
       if (n == 0) break;
       if (n < 0) {
@@ -482,6 +560,7 @@ bool TcpConnection::pump() {
       }
     }
   }
+  pumping_ = false;
   return moved;
 }
 
