@@ -102,20 +102,12 @@ Result<std::vector<Interface>> list_interfaces(bool include_bridges) {
 }
 
 std::string interface_holding(const SockAddr& addr) {
-  ifaddrs* head = nullptr;
-  if (getifaddrs(&head) != 0) return {};
-  std::string name;
+  auto list = list_interfaces(/*include_bridges=*/true);
+  if (!list.ok()) return {};
   const std::string ip = addr.ip_string();
-  for (ifaddrs* it = head; it != nullptr && name.empty(); it = it->ifa_next) {
-    if (it->ifa_addr == nullptr) continue;
-    const int family = it->ifa_addr->sa_family;
-    if (family != AF_INET && family != AF_INET6) continue;
-    socklen_t len = family == AF_INET ? sizeof(sockaddr_in) : sizeof(sockaddr_in6);
-    auto a = SockAddr::from_sockaddr(it->ifa_addr, len);
-    if (a.ok() && a->ip_string() == ip) name = it->ifa_name;
-  }
-  freeifaddrs(head);
-  return name;
+  for (const Interface& itf : *list)
+    if (itf.addr.ip_string() == ip) return itf.name;
+  return {};
 }
 
 bool interface_down(int fd, const std::string& name) {

@@ -137,6 +137,13 @@ std::string peer_name(int fd) {
   return addr.to_string();
 }
 
+std::optional<SockAddr> local_addr(int fd) {
+  SockAddr addr;
+  addr.len = sizeof(addr.storage);
+  if (getsockname(fd, addr.mutable_sa(), &addr.len) != 0) return std::nullopt;
+  return addr;
+}
+
 Result<short> poll_one(int fd, short events, int timeout_ms) {
   pollfd pfd{fd, events, 0};
   int64_t until_ns = timeout_ms < 0 ? INT64_MAX : now_ns() + int64_t{timeout_ms} * 1000000;

@@ -9,6 +9,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -125,6 +126,8 @@ Result<short> poll_one(int fd, short events, int timeout_ms);
 
 // The peer address of a connected socket, "<unknown peer>" when not available.
 std::string peer_name(int fd);
+// The local address of a socket (getsockname), or nullopt when not available.
+std::optional<SockAddr> local_addr(int fd);
 
 // Best-effort socket options (failures are ignored: they only affect performance).
 void set_nodelay(int fd);

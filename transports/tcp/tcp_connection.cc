@@ -72,11 +72,9 @@ TcpConnection::TcpConnection(UniqueFd fd, int my_rank, int peer, int channel,
   net::set_nodelay(fd_.get());
   net::set_buffer_sizes(fd_.get(), kSocketBufferBytes);
   net::set_keepalive(fd_.get(), params::kPeerTimeoutMs.get());
-  net::SockAddr local;
-  local.len = sizeof(local.storage);
-  path_name_ = getsockname(fd_.get(), local.mutable_sa(), &local.len) == 0
-                   ? fmt::format("{} -> {}", local.to_string(), peer_addr.to_string())
-                   : fmt::format("-> {}", peer_addr.to_string());
+  const auto local = net::local_addr(fd_.get());
+  path_name_ = local ? fmt::format("{} -> {}", local->to_string(), peer_addr.to_string())
+                     : fmt::format("-> {}", peer_addr.to_string());
 }
 
 void TcpConnection::post_send(SendRequest* req) {

@@ -26,6 +26,7 @@
 
 #include "common/clock.h"
 #include "common/log.h"
+#include "common/scope_guard.h"
 #include "common/params.h"
 #include "net/socket.h"
 #include "transports/tcp/tcp_connection.h"
@@ -132,11 +133,8 @@ void TcpConnection::join_group(std::shared_ptr<TcpPeerGroup> group) {
 }
 
 void TcpConnection::note_interface() {
-  net::SockAddr local;
-  local.len = sizeof(local.storage);
-  local_ifname_ = getsockname(fd_.get(), local.mutable_sa(), &local.len) == 0
-                      ? net::interface_holding(local)
-                      : std::string();
+  const auto local = net::local_addr(fd_.get());
+  local_ifname_ = local ? net::interface_holding(*local) : std::string();
 }
 
 TcpConnection* TcpConnection::carrier() const {
@@ -280,11 +278,12 @@ void TcpConnection::adopt_socket() {
   net::set_buffer_sizes(fd.get(), kSocketBufferBytes);
   net::set_keepalive(fd.get(), params::kPeerTimeoutMs.get());
   fd_ = std::move(fd);
-  net::SockAddr local;
-  local.len = sizeof(local.storage);
-  if (getsockname(fd_.get(), local.mutable_sa(), &local.len) == 0)
-    path_name_ = fmt::format("{} -> {}", local.to_string(), net::peer_name(fd_.get()));
-  note_interface();
+  if (const auto local = net::local_addr(fd_.get())) {
+    path_name_ = fmt::format("{} -> {}", local->to_string(), net::peer_name(fd_.get()));
+    local_ifname_ = net::interface_holding(*local);
+  } else {
+    local_ifname_.clear();
+  }
   rx_buf_pos_ = rx_buf_len_ = 0;
   rx_drained_ = false;
   CHORUS_INFO(kNet, "tcp: rank {} has a new socket for channel {} to rank {}", my_rank_,
@@ -457,12 +456,16 @@ ssize_t TcpConnection::stream_take(void* dst, size_t want, int* err) {
 
 bool TcpConnection::pump_group() {
   if (group_ == nullptr) return false;
+  // Members whose pump reads their own socket (a fed one's pump runs nested, as data arrives).
+  auto reads_socket = [](const TcpConnection* m) {
+    return m != nullptr && m->demux_ && !m->rx_fed_ && !m->broken_;
+  };
   bool moved = false;
   for (TcpConnection* m : group_->members) {
-    if (m != nullptr && m->demux_ && !m->rx_fed_ && !m->broken_) moved |= m->pump();
+    if (reads_socket(m)) moved |= m->pump();
   }
   for (TcpConnection* m : group_->members) {
-    if (m != nullptr && m->demux_ && !m->rx_fed_ && !m->broken_ && m->pump_err_ >= 0) {
+    if (reads_socket(m) && m->pump_err_ >= 0) {
       m->path_failed(m->io_error(m->pump_err_, nullptr, "receiving"));
       moved = true;
     }
@@ -473,6 +476,7 @@ bool TcpConnection::pump_group() {
 bool TcpConnection::pump() {
   if (pumping_) return false;
   pumping_ = true;
+  ScopeGuard done([this] { pumping_ = false; });
   bool moved = false;
   while (demux_ && pump_err_ < 0 && !broken_ && own_q_.size() < kMaxReadAheadBytes) {
     int err = 0;
@@ -505,7 +509,6 @@ bool TcpConnection::pump() {
           fail_group(remote_error("rank {} ({}) sent a failover frame ({:#010x}) about tcp "
                                   "channel {} that rank {} cannot take ({} bytes)", peer(),
                                   peer_addr_, pump_hdr_.magic, about, my_rank_, pump_left_));
-          pumping_ = false;
           return true;
         }
       } else {
@@ -560,7 +563,6 @@ bool TcpConnection::pump() {
       }
     }
   }
-  pumping_ = false;
   return moved;
 }
 
